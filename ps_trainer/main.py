@@ -156,5 +156,14 @@ def _describe(cfg) -> str:
           f"--train_steps={cfg.train.train_steps}")
 
 
+def _parse_flags(argv):
+  """absl's flag parsing, with a bad flag reported in one line (exit 2)."""
+  try:
+    return FLAGS(argv)
+  except absl_flags.Error as e:
+    message = " ".join(str(e).split())
+    _fail(f"{message} (see --helpfull)")
+
+
 def run() -> None:
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
