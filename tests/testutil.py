@@ -255,3 +255,52 @@ def make_config(*argv, tf_config: str = ""):
   flags_lib.define_flags(values)
   values(["ps_trainer", *argv])
   return config_lib.from_flag_values(values.flag_values_dict(), tf_config)
+
+
+# Data files for tests that run the real binary on --dataset=mnist / npz. numpy only (imported
+# here, not at the top), so a test process that writes them never loads TensorFlow.
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+               "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def idx_bytes(magic: int, dims: Sequence[int], payload: bytes) -> bytes:
+  """An IDX file's content: the 4-byte magic, one 4-byte big-endian size per dim, the payload."""
+  return magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in dims) + payload
+
+
+def write_mnist(directory: str, n_train: int = 6, n_test: int = 4, rows: int = 4,
+                cols: int = 3) -> Dict[str, str]:
+  """Writes the four MNIST IDX files (plain, tiny, labels 0-2) into directory (made if needed).
+
+  Returns:
+    base name (one of MNIST_FILES) -> path, for a test to corrupt one of them.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  paths = {}
+  for split, n in (("train", n_train), ("t10k", n_test)):
+    images = np.arange(n * rows * cols, dtype=np.uint8).reshape(n, rows, cols)
+    labels = (np.arange(n) % 3).astype(np.uint8)
+    for kind, magic, dims, array in (("images-idx3-ubyte", 0x803, (n, rows, cols), images),
+                                     ("labels-idx1-ubyte", 0x801, (n,), labels)):
+      name = f"{split}-{kind}"
+      paths[name] = os.path.join(directory, name)
+      with open(paths[name], "wb") as f:
+        f.write(idx_bytes(magic, dims, array.tobytes()))
+  return paths
+
+
+def write_npz(path: str, n_train: int = 3, n_test: int = 3, drop: Sequence[str] = (),
+              **overrides) -> str:
+  """Writes a keras-layout .npz (x_train [N, 2] float32, y_train, x_test, y_test) to path.
+
+  drop leaves keys out; overrides replace arrays (e.g. y_train=np.arange(4)). Returns path.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  arrays = {"x_train": np.zeros((n_train, 2), np.float32), "y_train": np.arange(n_train) % 3,
+            "x_test": np.zeros((n_test, 2), np.float32), "y_test": np.arange(n_test) % 3}
+  arrays.update(overrides)
+  for key in drop:
+    del arrays[key]
+  np.savez(path, **arrays)
+  return path

@@ -1,0 +1,241 @@
+"""`python -m ps_trainer` with bad input, as a user would run it: one clear line, exit 2.
+
+A catalogue of the mistakes a user makes with flags, TF_CONFIG, data files, ports and the log
+directory. Each case runs the real binary in a subprocess (cwd: a fresh temp dir, so a local run's
+default runs/ directory lands there) and asserts:
+  * exit status 2 (a user error), within a timeout, so a hang fails instead of blocking;
+  * no "Traceback" anywhere;
+  * stdout and stderr together hold exactly ONE line, on stderr, starting with
+    "ps_trainer: error: " (TensorFlow's start-up noise is hidden by the trainer);
+  * that line holds the case's key words: the flag, file or TF_CONFIG field, what was wrong and
+    what is accepted.
+
+Cases that fail on flags or TF_CONFIG answer before TensorFlow loads (~0.2 s); data files and
+ports are checked after it loads (~3 s each), so those run with --train_steps=2 in case a
+regression lets them train.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import testutil
+
+_TIMEOUT_SECS = 120  # TF cases take ~3 s; this only turns a hang into a failure.
+_PREFIX = "ps_trainer: error: "
+# A small valid cluster: 1 PS + 2 workers (nothing listens: every case fails before connecting).
+_PS = "--ps_hosts=127.0.0.1:2222"
+_WORKERS = "--worker_hosts=127.0.0.1:2223,127.0.0.1:2224"
+_WORKER_1 = [_PS, _WORKERS, "--job_name=worker", "--task_index=1"]
+_SHORT = "--train_steps=2"
+_NPZ_KEYS = "keys x_train, y_train, x_test, y_test"
+_MNIST_NEEDS = "--dataset=mnist needs the four MNIST IDX files"
+
+
+# Set-ups: (test, tmp) -> extra values for the case's {placeholders} ({tmp} is always there).
+def _mnist_truncated_images(test, tmp):
+  del test
+  paths = testutil.write_mnist(os.path.join(tmp, "mnist"))
+  path = paths["train-images-idx3-ubyte"]
+  with open(path, "r+b") as f:
+    f.truncate(16 + 14)  # the header, then 14 of the 72 pixel bytes
+  return {"file": path}
+
+
+def _mnist_bad_magic(test, tmp):
+  del test
+  paths = testutil.write_mnist(os.path.join(tmp, "mnist"))
+  path = paths["train-labels-idx1-ubyte"]
+  with open(path, "r+b") as f:
+    f.write((0x899).to_bytes(4, "big"))  # neither the label (0x801) nor the image magic
+  return {"file": path}
+
+
+def _npz_missing_key(test, tmp):
+  del test
+  return {"npz": testutil.write_npz(os.path.join(tmp, "d.npz"), drop=("y_test",))}
+
+
+def _npz_length_mismatch(test, tmp):
+  del test
+  return {"npz": testutil.write_npz(os.path.join(tmp, "d.npz"), y_train=[0, 1, 2, 0])}
+
+
+def _port_in_use(test, tmp):
+  del tmp
+  # Held like a server holds it: every interface, listening, for the whole case.
+  sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  test.addCleanup(sock.close)
+  sock.bind(("", 0))
+  sock.listen(1)
+  return {"port": sock.getsockname()[1], "worker_port": testutil.pick_free_ports(1)[0]}
+
+
+def _regular_file(test, tmp):
+  del test
+  with open(os.path.join(tmp, "file"), "w", encoding="utf-8") as f:
+    f.write("not a directory\n")
+  return {}
+
+
+# (name, set-up or None, argv, extra environment, key words of the error line). argv and key
+# words are str.format()ed with the set-up's values and {tmp}; the environment is not.
+_CASES = (
+    # Cluster flags.
+    ("unknown_job_name", None, [_PS, _WORKERS, "--job_name=boss", "--task_index=0"], {},
+     ["--job_name=boss", "unknown job name", "accepted: ps, worker, chief, evaluator"]),
+    ("job_name_chief_with_host_flags", None,
+     [_PS, _WORKERS, "--job_name=chief", "--task_index=0"], {},
+     ["--job_name='chief'", "is not a task type of a --ps_hosts/--worker_hosts cluster",
+      "accepted: ps, worker"]),
+    ("task_index_out_of_range", None, [_PS, _WORKERS, "--job_name=worker", "--task_index=2"], {},
+     ["--task_index=2", "worker index out of range", "2 worker task(s)",
+      "accepted indices are 0-1"]),
+    ("task_index_negative", None, [_PS, _WORKERS, "--job_name=worker", "--task_index=-1"], {},
+     ["--task_index=-1", "must be >= 0"]),
+    ("host_without_port", None,
+     ["--ps_hosts=ps0", _WORKERS, "--job_name=worker", "--task_index=0"], {},
+     ["--ps_hosts", "'ps0' is not host:port", "expected e.g. 10.0.0.1:2222"]),
+    ("port_out_of_range", None,
+     [_PS, "--worker_hosts=127.0.0.1:70000", "--job_name=worker", "--task_index=0"], {},
+     ["--worker_hosts", "port 70000", "out of range", "accepted ports are 1-65535"]),
+    ("same_address_twice", None,
+     [_PS, "--worker_hosts=127.0.0.1:2223,127.0.0.1:2222", "--job_name=worker",
+      "--task_index=1"], {},
+     ["--ps_hosts/--worker_hosts", "127.0.0.1:2222 appears twice",
+      "every task needs its own host:port"]),
+    ("missing_ps_hosts", None, [_WORKERS, "--job_name=worker", "--task_index=1"], {},
+     ["--ps_hosts is empty", "at least one PS", "e.g. --ps_hosts="]),
+    ("missing_worker_hosts", None, [_PS, "--job_name=ps", "--task_index=0"], {},
+     ["--worker_hosts is empty", "at least one worker", "e.g. --worker_hosts="]),
+    ("chief_without_log_dir", None, [_PS, _WORKERS, "--job_name=worker", "--task_index=0"], {},
+     ["--log_dir is required for the chief"]),
+    # Training flags.
+    ("replicas_to_aggregate_0", None, ["--sync_replicas", "--replicas_to_aggregate=0"], {},
+     ["--replicas_to_aggregate=0", "must be >= 1"]),
+    ("replicas_to_aggregate_above_workers", None,
+     _WORKER_1 + ["--sync_replicas", "--replicas_to_aggregate=3"], {},
+     ["--replicas_to_aggregate=3", "exceeds the 2 worker(s)", "accepted: 1-2"]),
+    ("batch_size_0", None, ["--batch_size=0"], {}, ["--batch_size=0", "must be >= 1"]),
+    ("batch_size_negative", None, ["--batch_size=-8"], {}, ["--batch_size=-8", "must be >= 1"]),
+    ("learning_rate_0", None, ["--learning_rate=0"], {},
+     ["--learning_rate=0", "must be a finite number > 0"]),
+    ("learning_rate_negative", None, ["--learning_rate=-0.1"], {},
+     ["--learning_rate=-0.1", "must be a finite number > 0"]),
+    ("learning_rate_nan", None, ["--learning_rate=nan"], {},
+     ["--learning_rate=nan", "must be a finite number > 0"]),
+    ("train_steps_0", None, ["--train_steps=0"], {}, ["--train_steps=0", "must be >= 1"]),
+    ("unknown_model", None, ["--model=resnet"], {},
+     ["--model=resnet", "unknown value", "accepted: linear, mlp, cnn"]),
+    ("unknown_optimizer", None, ["--optimizer=lbfgs"], {},
+     ["--optimizer=lbfgs", "unknown value", "accepted: sgd, momentum, adam, adagrad"]),
+    ("unknown_dataset", None, ["--dataset=imagenet"], {},
+     ["--dataset=imagenet", "unknown value", "accepted: digits, synthetic, mnist, npz"]),
+    ("hidden_units_malformed", None, ["--hidden_units=128,x"], {},
+     ["--hidden_units=128,x", "expected comma-separated positive whole numbers", "256,128"]),
+    ("hidden_units_zero", None, ["--hidden_units=128,0"], {},
+     ["--hidden_units=128,0", "expected comma-separated positive whole numbers"]),
+    # Output.
+    ("log_dir_under_a_file", _regular_file, ["--log_dir={tmp}/file/run", _SHORT], {},
+     ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)",
+      "a directory this user can create and write"]),
+    # TF_CONFIG.
+    ("tf_config_not_json", None, [], {"TF_CONFIG": "{cluster: ps}"},
+     ["TF_CONFIG is not valid JSON", "line 1 column 2"]),
+    ("tf_config_unknown_task_type", None, [],
+     {"TF_CONFIG": '{"cluster": {"ps": ["ps0:2222"], "worker": ["w0:2222"]}, '
+                   '"task": {"type": "boss", "index": 0}}'},
+     ['TF_CONFIG field "task.type"', "'boss'", "unknown task type",
+      "accepted: chief, worker, ps, evaluator"]),
+    ("tf_config_task_index_outside_cluster", None, [],
+     {"TF_CONFIG": '{"cluster": {"ps": ["ps0:2222"], "worker": ["w0:2222", "w1:2222"]}, '
+                   '"task": {"type": "worker", "index": 2}}'},
+     ['TF_CONFIG field "task"', "worker 2", "the cluster does not list",
+      "listed worker indices: [0, 1]"]),
+    # Data: checked after TensorFlow loads.
+    ("mnist_without_data_dir", None, ["--dataset=mnist", _SHORT], {},
+     ["--data_dir is not set", _MNIST_NEEDS, "train-images-idx3-ubyte[.gz]"]),
+    ("mnist_data_dir_missing", None, ["--dataset=mnist", "--data_dir={tmp}/absent", _SHORT], {},
+     ["--data_dir={tmp}/absent", "no such directory", _MNIST_NEEDS]),
+    ("npz_data_path_missing", None, ["--dataset=npz", "--data_path={tmp}/absent.npz", _SHORT], {},
+     ["--data_path={tmp}/absent.npz", "no such file", _NPZ_KEYS]),
+    ("idx_truncated", _mnist_truncated_images,
+     ["--dataset=mnist", "--data_dir={tmp}/mnist", _SHORT], {},
+     ["{file}", "truncated", "header promises 6 images of 4x3 (72 bytes)", "holds 14 bytes"]),
+    ("idx_bad_magic", _mnist_bad_magic, ["--dataset=mnist", "--data_dir={tmp}/mnist", _SHORT], {},
+     ["{file}", "wrong magic number 0x00000899", "expected 0x00000801, an IDX label file"]),
+    ("npz_missing_key", _npz_missing_key, ["--dataset=npz", "--data_path={npz}", _SHORT], {},
+     ["--data_path={npz}", "missing key 'y_test'", _NPZ_KEYS]),
+    ("npz_length_mismatch", _npz_length_mismatch,
+     ["--dataset=npz", "--data_path={npz}", _SHORT], {},
+     ["--data_path={npz}", "x_train has 3 examples but y_train has 4",
+      "each example needs exactly one label"]),
+    # Ports: checked after TensorFlow loads, before the server starts.
+    ("port_in_use", _port_in_use,
+     ["--ps_hosts=127.0.0.1:{port}", "--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps",
+      "--task_index=0"], {},
+     ["ps 0 cannot listen on port {port}", "127.0.0.1:{port}", "Address already in use",
+      "give this task a free port"]),
+)
+
+
+def _user_env(extra):
+  """The environment of a user's shell: the checkout importable, no test-only settings.
+
+  testutil.trainer_env() pins TF_CPP_MIN_LOG_LEVEL for the cluster tests; a user has no such
+  setting, so the trainer's own default applies here. PS_TRAINER_TRACEBACK would show tracebacks.
+  """
+  env = testutil.trainer_env()
+  for name in ("TF_CPP_MIN_LOG_LEVEL", "PS_TRAINER_TRACEBACK"):
+    env.pop(name, None)
+  env.update(extra)
+  return env
+
+
+class BadInputTest(parameterized.TestCase):
+  """Each bad input: exit 2, no traceback, one `ps_trainer: error:` line with its key words."""
+
+  def _run(self, argv, env, cwd):
+    """Runs `python -m ps_trainer argv`; returns (code, stdout, stderr, secs). Fails on a hang."""
+    args = [testutil.PYTHON, "-m", "ps_trainer", *argv]
+    start = time.monotonic()
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+      stdout, stderr = proc.communicate(timeout=_TIMEOUT_SECS)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      stdout, stderr = proc.communicate()
+      self.fail(f"still running after {_TIMEOUT_SECS} s (killed): {' '.join(args)}\n"
+                f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
+    return proc.returncode, stdout, stderr, time.monotonic() - start
+
+  @parameterized.named_parameters(*_CASES)
+  def test_one_clear_line(self, setup, argv, extra_env, words):
+    tmp = testutil.make_tempdir(self)
+    values = {"tmp": tmp}
+    if setup is not None:
+      values.update(setup(self, tmp))
+    argv = [a.format(**values) for a in argv]
+    code, stdout, stderr, secs = self._run(argv, _user_env(extra_env), cwd=tmp)
+    where = (f"\ncommand: python -m ps_trainer {' '.join(argv)}  env: {extra_env}  ({secs:.1f} s)"
+             f"\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}")
+    self.assertNotIn("Traceback", stdout + stderr, where)
+    self.assertEqual(code, 2, f"exit status {code}, expected 2 (a user error){where}")
+    self.assertEqual(stdout, "", f"expected nothing on stdout{where}")
+    lines = stderr.splitlines()
+    self.assertLen(lines, 1, f"expected exactly one line on stderr{where}")
+    line = lines[0]
+    self.assertTrue(line.startswith(_PREFIX), f"the line does not start with {_PREFIX!r}{where}")
+    for word in words:
+      self.assertIn(word.format(**values), line, where)
+
+
+if __name__ == "__main__":
+  absltest.main()
