@@ -72,20 +72,28 @@ new_log_dir() {
   die "cannot create a new directory $base-* (pass --log_dir=DIR)"
 }
 
-# Report tasks reaped with a non-zero status (indexes in NEWLY_FAILED), except the chief.
+# Report tasks reaped with a non-zero status (indexes in NEWLY_FAILED), except the chief. A task
+# that stopped on SIGINT/SIGTERM (130/143: someone asked it to) is reported, not a failure.
 report_failures() {
   local i
   for i in "${NEWLY_FAILED[@]}"; do
     [[ $i == "$CHIEF" ]] && continue
-    msg "${TASK_NAMES[i]} exited with status ${TASK_STATUS[i]} (log: ${TASK_LOGS[i]})"
-    FAILED=1
+    case ${TASK_STATUS[i]} in
+      130 | 143) msg "${TASK_NAMES[i]} stopped on a signal (log: ${TASK_LOGS[i]})" ;;
+      *) msg "${TASK_NAMES[i]} exited with status ${TASK_STATUS[i]} (log: ${TASK_LOGS[i]})"
+         FAILED=1 ;;
+    esac
   done
 }
 
+# Each task stops by itself on SIGTERM (the chief writes a final checkpoint, the PS tasks wait for
+# it) and forces its own exit after 20 s; SIGKILL only after that.
+STOP_GRACE_SECS=35
+
 on_signal() {  # name exit-status
   trap - INT TERM
-  msg "got SIG$1: stopping $(running_tasks)"
-  stop_tasks 5
+  msg "got SIG$1: stopping $(running_tasks) (the chief writes a final checkpoint first)"
+  stop_tasks "$STOP_GRACE_SECS"
   exit "$2"
 }
 
@@ -185,7 +193,7 @@ wait_for_chief() {
     [[ -n ${TASK_DONE[CHIEF]} ]] && break
     if ((FAILED)); then
       msg "stopping the cluster: a task failed before the chief finished"
-      stop_tasks 5
+      stop_tasks "$STOP_GRACE_SECS"
       exit 1
     fi
     sleep 0.5
@@ -210,7 +218,7 @@ wait_for_the_rest() {
   done
   if [[ -n $(running_tasks) ]]; then
     msg "still running ${bound} s after the chief ended: $(running_tasks); sending SIGTERM"
-    stop_tasks 5
+    stop_tasks "$STOP_GRACE_SECS"
   fi
 }
 

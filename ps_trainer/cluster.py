@@ -134,6 +134,17 @@ class ClusterInfo:
   def address(self) -> str:
     return self.jobs[self.job_name][self.task_index]
 
+  def ps_addresses(self) -> dict:
+    """{"ps i": "host:port"} of every PS task."""
+    return {f"ps {i}": a for i, a in sorted(self.jobs["ps"].items())}
+
+  def replica_addresses(self) -> dict:
+    """{"chief" or "worker i": "host:port"} of the replicas this task knows."""
+    named = {"chief": a for a in self.jobs.get("chief", {}).values()}
+    named.update((f"worker {i}", a)
+                 for i, a in sorted(self.jobs.get("worker", {}).items()))
+    return named
+
   def device_filters(self) -> list:
     """Devices this task may talk to.
 

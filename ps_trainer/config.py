@@ -51,6 +51,7 @@ class TrainConfig:
   save_checkpoints_steps: Optional[int]
   save_checkpoints_secs: Optional[int]
   log_every_steps: int
+  wait_timeout_secs: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +73,15 @@ class Config:
   @property
   def is_chief(self) -> bool:
     return self.cluster is None or self.cluster.is_chief
+
+  @property
+  def task_name(self) -> str:
+    """Names this task in messages: "local", "chief", "worker 1", "ps 0"."""
+    if self.cluster is None:
+      return "local"
+    if self.cluster.is_chief:
+      return "chief"
+    return f"{self.cluster.job_name} {self.cluster.task_index}"
 
   @property
   def replica_index(self) -> int:
@@ -112,7 +122,8 @@ def from_flag_values(values: Mapping, tf_config: str,
           log_dir=_log_dir(values["log_dir"], cluster, now),
           save_checkpoints_steps=values["save_checkpoints_steps"],
           save_checkpoints_secs=_checkpoint_secs(values),
-          log_every_steps=values["log_every_steps"]))
+          log_every_steps=values["log_every_steps"],
+          wait_timeout_secs=values["wait_timeout_secs"]))
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

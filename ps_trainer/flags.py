@@ -97,6 +97,14 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
                  "--save_checkpoints_steps is set); always at the end too.")
   define_integer("log_every_steps", 100,
                        "Print a progress line every N steps of this worker.")
+  # Faults.
+  define_integer(
+      "wait_timeout_secs", 600,
+      "Longest wait for another task before giving up with exit status 1: "
+      "a worker for a PS or the chief (at start and after losing them), one "
+      "training step (a sync step waits for every aggregated worker), a PS "
+      "for its workers when none of them answers. Waits name whom they wait "
+      "for every 10 s.")
   _register_validators(fv)
   return sorted(set(fv) - before | {"log_dir"})
 
@@ -153,6 +161,7 @@ def _register_validators(fv) -> None:
   _at_least(fv, "save_checkpoints_steps", 1, allow_none=True)
   _at_least(fv, "save_checkpoints_secs", 1, allow_none=True)
   _at_least(fv, "log_every_steps", 1)
+  _at_least(fv, "wait_timeout_secs", 1)
   flags.register_validator(
       "learning_rate",
       lambda value: value is None or (math.isfinite(value) and value > 0),

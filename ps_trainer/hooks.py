@@ -7,10 +7,13 @@ global step in the same run as the train op, so they cost no extra RPC.
 import json
 import math
 import os
+import threading
 import time
 from typing import Callable, Optional
 
 import tensorflow as tf
+
+from ps_trainer import stops
 
 
 class InputInitHook(tf.compat.v1.train.SessionRunHook):
@@ -77,6 +80,10 @@ class Throughput:
     self._last = None
     self.steps_observed = 0
 
+  @property
+  def train_steps(self) -> int:
+    return self._train_steps
+
   def session_started(self) -> None:
     if self._started is None:  # A session recreated after a fault keeps it.
       self._started = self._clock()
@@ -133,6 +140,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     self._steps = 0
     self._last_line = None   # (time, global step) when the last line printed.
     self.last_loss = math.nan
+    self.last_global_step = None
 
   def after_create_session(self, session, coord):
     self._throughput.session_started()
@@ -147,6 +155,7 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     global_step = int(run_values.results["global_step"])
+    self.last_global_step = global_step
     self.last_loss = float(run_values.results["loss"])
     self._throughput.observe(global_step)
     self._steps += 1
@@ -166,7 +175,9 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
   """At the end of a run: evaluates the test split and writes result.json.
 
   Goes last among the hooks, so the file appears after the final checkpoint
-  and after the sync workers were released.
+  and after the sync workers were released. A run stopped before
+  `train_steps` (a signal) writes nothing: result.json describes finished
+  runs only.
 
   Args:
     evaluate: (session) -> {"loss": float, "accuracy": float}.
@@ -192,6 +203,8 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
 
   def end(self, session):
     global_step = int(session.run(self._global_step))
+    if global_step < self._throughput.train_steps:
+      return  # Stopped early: no result to report.
     if self._throughput.steps_observed == 0 and os.path.exists(self._path):
       # A finished job started again: its result stands; a run of zero
       # steps has no speed to report.
@@ -234,3 +247,83 @@ def write_json(path: str, value) -> None:
     json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
     f.write("\n")
   os.replace(tmp, path)
+
+
+class StopOnRequestHook(tf.compat.v1.train.SessionRunHook):
+  """Ends the session loop after the step in which a stop was requested."""
+
+  def __init__(self, stop: stops.StopRequest):
+    self._stop = stop
+
+  def after_create_session(self, session, coord):
+    if self._stop.requested:
+      coord.request_stop()
+
+  def after_run(self, run_context, run_values):
+    if self._stop.requested:
+      run_context.request_stop()
+
+
+class StallWatchHook(tf.compat.v1.train.SessionRunHook):
+  """Says what a long step waits for, and ends the task if it never finishes.
+
+  A step blocks inside TensorFlow when a peer is gone: a sync step waits for
+  the gradients of a worker that died, any step for a PS that stopped
+  answering. TF says nothing and waits forever; this hook's thread notices,
+  names the unreachable peers every `note_every_secs`, and after
+  `timeout_secs` ends the task through `stop.force_exit` (so the chief's last
+  resort still writes a checkpoint).
+
+  Args:
+    stop: the task's StopRequest.
+    what: () -> what the step waits for, e.g. "gradients of worker 1 at
+      10.0.0.3:2222 (unreachable)".
+    timeout_secs: the bound on one step.
+  """
+
+  def __init__(self, stop: stops.StopRequest, what: Callable[[], str],
+               timeout_secs: float, note_every_secs: float = 10.0,
+               poll_secs: float = 1.0):
+    self._stop = stop
+    self._what = what
+    self._timeout = timeout_secs
+    self._note_every = note_every_secs
+    self._poll = poll_secs
+    self._step_started = None
+    self._done = threading.Event()
+    self._thread = None
+
+  def after_create_session(self, session, coord):
+    if self._thread is None:
+      self._thread = threading.Thread(target=self._watch,
+                                      name="ps_trainer_stall_watch",
+                                      daemon=True)
+      self._thread.start()
+
+  def before_run(self, run_context):
+    self._step_started = time.monotonic()
+
+  def after_run(self, run_context, run_values):
+    self._step_started = None
+
+  def end(self, session):
+    self._done.set()
+
+  def _watch(self):
+    next_note = self._note_every
+    while not self._done.wait(self._poll):
+      started = self._step_started
+      if started is None:
+        next_note = self._note_every
+        continue
+      waited = time.monotonic() - started
+      if waited >= self._timeout:
+        self._stop.force_exit(
+            f"gave up after a step waited {waited:.0f} s for {self._what()} "
+            f"(--wait_timeout_secs={self._timeout:.0f}); the newest "
+            "checkpoint is kept, restart the task to go on", 1)
+      if waited >= next_note:
+        print(f"{self._stop.who}: this step has waited {waited:.0f} s for "
+              f"{self._what()}; giving up after {self._timeout:.0f} s",
+              flush=True)
+        next_note += self._note_every

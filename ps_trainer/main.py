@@ -15,6 +15,7 @@ machine. Flags: --helpfull.
 """
 
 import os
+import socket
 import sys
 import tempfile
 
@@ -30,10 +31,14 @@ FLAGS = absl_flags.FLAGS
 TRAINER_FLAGS = flags_lib.define_flags()
 
 
-def _fail(message: str) -> None:
-  """One clear line on stderr and a non-zero exit, never a traceback."""
+def _fail(message: str, status: int = 2) -> None:
+  """One clear line on stderr and a non-zero exit, never a traceback.
+
+  Status 2: the input was wrong; 1: the run failed (a peer never answered,
+  the loss diverged, TensorFlow stopped it).
+  """
   print(f"ps_trainer: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(2)
+  sys.exit(status)
 
 
 def main(argv) -> int:
@@ -55,7 +60,24 @@ def main(argv) -> int:
           "are not supported yet; run ps, worker or chief tasks")
   if cfg.is_chief:
     _check_log_dir(cfg.train.log_dir)
+  if cfg.cluster is not None:
+    _warn_if_exposed(cfg.cluster)
   return _run_task(cfg)
+
+
+def _warn_if_exposed(info) -> None:
+  """One line on what this task's server exposes (README: Security).
+
+  Not in a network namespace with loopback only (`launch.sh local`), where
+  nothing outside this machine's private namespace can reach it.
+  """
+  if [name for _, name in socket.if_nameindex()] == ["lo"]:
+    return
+  port = info.address.rpartition(":")[2]
+  print(f"ps_trainer: warning: this task's TensorFlow server listens on port "
+        f"{port} of every network interface, without authentication: anyone "
+        "who can reach it can run code as this user; keep the cluster on a "
+        "trusted network (README: Security)", file=sys.stderr, flush=True)
 
 
 def _check_log_dir(log_dir: str) -> None:
@@ -94,6 +116,7 @@ def _import_tensorflow_quietly():
 
 def _run_task(cfg) -> int:
   """Runs this task's role; user errors become one line and exit status 2."""
+  stop = _receive_stop_signals(cfg)
   tf = _import_tensorflow_quietly()
   from ps_trainer import data
   from ps_trainer import models
@@ -107,7 +130,7 @@ def _run_task(cfg) -> int:
   info = cfg.cluster
   try:
     if info is not None and info.is_ps:
-      return server_lib.run_ps(info)
+      return server_lib.run_ps(info, stop, cfg.train.wait_timeout_secs)
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
                         cfg.data.data_path)
     target = ""
@@ -115,11 +138,16 @@ def _run_task(cfg) -> int:
       target = server_lib.start_server(info).target
     print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}",
           flush=True)
-    trainer.train(cfg, dataset, target)
-    return 0
+    trainer.train(cfg, dataset, target, stop)
+    return stop.exit_status() if stop.requested else 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
-          waits.WaitTimeout, run_signature.MismatchError) as e:
+          run_signature.MismatchError) as e:
     _fail(str(e))
+  except (waits.WaitTimeout, trainer.Diverged) as e:
+    _fail(str(e), status=1)
+  except waits.Stopped as e:
+    print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
+    return stop.exit_status()
   except tf.errors.ResourceExhaustedError as e:
     _fail(f"out of memory ({_first_line(e.message)}); the model is too large "
           "for this host: lower --hidden_units or --batch_size")
@@ -129,7 +157,20 @@ def _run_task(cfg) -> int:
     where = f" at {e.op.name}" if e.op is not None else ""
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{_first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
-          "traceback)")
+          "traceback)", status=1)
+
+
+def _receive_stop_signals(cfg):
+  """From here on SIGINT/SIGTERM request a clean stop (stops.py)."""
+  from ps_trainer import stops
+  how = "stopping after the current step"
+  if cfg.cluster is not None and cfg.cluster.is_ps:
+    how = "stopping once the workers are done"
+  elif cfg.is_chief:
+    how += ", with a final checkpoint"
+  stop = stops.StopRequest(cfg.task_name, how)
+  stop.install()
+  return stop
 
 
 def _first_line(text: str) -> str:

@@ -1,10 +1,10 @@
 """Servers and the PS lifecycle: serve until every worker says it is done.
 
 `server.join()` blocks forever and a TF server has no clean stop (NOTES.md,
-failure mode 2). Instead each PS owns a "done" queue; every training replica
-puts one token in each PS's queue as its last act, and a PS exits once its
-queue holds a token from every replica. The chief also reads PS 0's queue to
-learn when the other workers have finished (see sync.py).
+failure mode 2). Instead each PS holds one "done" flag per replica; every
+training replica sets its flag on each PS as its last act, and a PS exits
+once every flag is set. The chief also reads PS 0's flags to learn when the
+other workers have finished (see sync.py).
 """
 
 import socket
@@ -14,11 +14,7 @@ from absl import logging
 import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
-
-# Room for every replica to signal more than once (restarts), so an enqueue
-# never blocks on a full queue.
-_DONE_QUEUE_SLOTS_PER_WORKER = 16
-
+from ps_trainer import waits
 
 class ServerError(RuntimeError):
   """The server could not start. The message is one line."""
@@ -74,30 +70,37 @@ def start_server(info: cluster_lib.ClusterInfo) -> tf.compat.v1.train.Server:
         f"{info.address}: {reason} (is the port already in use?)") from None
 
 
-def done_queue(ps_index: int, num_workers: int) -> tf.queue.FIFOQueue:
-  """PS `ps_index`'s done queue. Every task must create it identically."""
+def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
+  """PS `ps_index`'s done flags, one per replica. Every task creates them alike.
+
+  Flags, not a count: a replica that stops, restarts and finishes again is
+  still one replica done. In no collection: neither checkpointed nor
+  initialized by the chief; the PS sets them to zero when it starts.
+  """
   with tf.device(f"/job:ps/task:{ps_index}"):
-    return tf.queue.FIFOQueue(
-        capacity=num_workers * _DONE_QUEUE_SLOTS_PER_WORKER,
-        dtypes=[tf.int32], shapes=[[]],
-        shared_name=f"ps_trainer_done_ps{ps_index}",
-        name=f"done_queue_ps{ps_index}")
+    return tf.compat.v1.get_variable(
+        f"ps_trainer/done_ps{ps_index}", shape=[num_workers], dtype=tf.int32,
+        initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+        collections=[])
 
 
 class DoneSignals:
-  """The graph side of "this worker is done", built into a replica's graph.
+  """The graph side of "this replica is done", built into a replica's graph.
 
   Attributes:
-    signal_op: puts this replica's token into every PS's queue.
-    count: how many tokens PS 0's queue holds (the chief's progress measure).
+    signal_op: sets this replica's flag on every PS.
+    others_done: how many other replicas have set their flag on PS 0 (the
+      chief's measure at the end of a sync run).
   """
 
   def __init__(self, info: cluster_lib.ClusterInfo):
-    queues = [done_queue(i, info.num_workers) for i in range(info.num_ps)]
-    token = tf.constant(info.replica_index, tf.int32)
-    self.signal_op = tf.group(*[q.enqueue(token) for q in queues],
-                              name="signal_done")
-    self.count = queues[0].size()
+    flags = [done_flags(i, info.num_workers) for i in range(info.num_ps)]
+    me = info.replica_index
+    self.signal_op = tf.group(
+        *[tf.compat.v1.scatter_update(f, [me], [1]) for f in flags],
+        name="signal_done")
+    others = 1 - tf.one_hot(me, info.num_workers, dtype=tf.int32)
+    self.others_done = tf.reduce_sum(flags[0] * others)
 
 
 def signal_done(target: str, info: cluster_lib.ClusterInfo,
@@ -109,32 +112,125 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
                             config=session_config(info)) as session:
     try:
       session.run(signals.signal_op, options=options)
-    except tf.errors.DeadlineExceededError:
-      logging.warning("could not tell every PS that this worker is done "
-                      "within %.0f s; a PS may be down", timeout_secs)
+    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+            tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
+      # A PS that is down or restarting; it gives up on its own if need be.
+      logging.warning("could not tell every PS that this worker is done: %s",
+                      str(e).splitlines()[0])
 
 
-def run_ps(info: cluster_lib.ClusterInfo, poll_secs: float = 0.5) -> int:
-  """Runs a PS task: serve until every replica is done, then return 0."""
+class _DoneCount:
+  """A PS's own view of its done flags: zeroed once, then counted."""
+
+  def __init__(self, info: cluster_lib.ClusterInfo, target: str):
+    self._graph = tf.Graph()
+    with self._graph.as_default():
+      flags = done_flags(info.task_index, info.num_workers)
+      self._zero = flags.initializer
+      self._count = tf.reduce_sum(flags)
+    self._session = tf.compat.v1.Session(target, graph=self._graph,
+                                         config=session_config(info))
+
+  def __enter__(self):
+    self._session.run(self._zero)
+    return self
+
+  def __exit__(self, *unused):
+    self._session.close()
+
+  def __call__(self) -> int:
+    return int(self._session.run(self._count))
+
+
+def init_done_flags(target: str, info: cluster_lib.ClusterInfo) -> None:
+  """Zeroes the done flags of the PS `info` names (what run_ps does first)."""
+  with _DoneCount(info, target):
+    pass
+
+
+def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
+           poll_secs: float = 0.5, probe_every_secs: float = 2.0,
+           clock=time.monotonic) -> int:
+  """Runs a PS task until every replica is done; returns the exit status.
+
+  0 once every replica has said it is done. A PS never waits forever: if no
+  worker has answered for `wait_timeout_secs` (they crashed or were never
+  started), it gives up with status 1. After a stop request (`stop`, a
+  stops.StopRequest) it stays only while workers still answer, at most the
+  stop's grace period, so a stopping chief can still write its checkpoint.
+  """
   server = start_server(info)
-  print(f"ps {info.task_index}: serving on {info.address}; waiting for "
-        f"{info.num_workers} worker(s) to finish", flush=True)
-  graph = tf.Graph()
-  with graph.as_default():
-    queue = done_queue(info.task_index, info.num_workers)
-    size = queue.size()
-  with tf.compat.v1.Session(server.target, graph=graph,
-                            config=session_config(info)) as session:
-    last = -1
+  watch = _WorkerWatch(info, wait_timeout_secs, probe_every_secs, clock)
+  with _DoneCount(info, server.target) as count_done:
+    print(f"ps {info.task_index}: serving on {info.address}; waiting for "
+          f"{info.num_workers} worker(s) to finish", flush=True)
+    last = 0
+    stop_seen = None
     while True:
-      done = session.run(size)
+      done = count_done()
       if done != last:
-        if done:
-          print(f"ps {info.task_index}: {done} of {info.num_workers} "
-                "worker(s) done", flush=True)
+        print(f"ps {info.task_index}: {done} of {info.num_workers} "
+              "worker(s) done", flush=True)
         last = done
       if done >= info.num_workers:
         break
+      now = clock()
+      answering = watch.any_answering(now)
+      if stop.requested:
+        stop_seen = stop_seen or now
+        if not answering or now - stop_seen >= stop.grace_secs:
+          print(f"ps {info.task_index}: stopped on {stop.signal_name} with "
+                f"{done} of {info.num_workers} worker(s) done", flush=True)
+          return stop.exit_status()
+      elif watch.gave_up(now):
+        print(f"ps {info.task_index}: giving up: no worker has answered for "
+              f"{wait_timeout_secs:.0f} s ({watch.describe()}) and {done} of "
+              f"{info.num_workers} said done (--wait_timeout_secs); exiting "
+              "with status 1", flush=True)
+        return 1
       time.sleep(poll_secs)
   print(f"ps {info.task_index}: every worker is done; exiting", flush=True)
   return 0
+
+
+class _WorkerWatch:
+  """Whether any worker of the cluster answers, probed every few seconds.
+
+  A sparse cluster (Kubeflow's dynamic workers) does not tell a PS where the
+  workers are; there the PS cannot tell and waits for their done signals.
+  """
+
+  def __init__(self, info, timeout_secs, probe_every_secs, clock,
+               note_every_secs: float = 60.0):
+    self._who = f"ps {info.task_index}"
+    self._workers = {} if info.sparse else info.replica_addresses()
+    self._timeout = timeout_secs
+    self._probe_every = probe_every_secs
+    self._note_every = note_every_secs
+    self._last_answer = clock()
+    self._last_probe = None
+    self._answering = True
+    self._next_note = self._last_answer + note_every_secs
+
+  def any_answering(self, now) -> bool:
+    if not self._workers:
+      return True
+    if self._last_probe is None or now - self._last_probe >= self._probe_every:
+      self._last_probe = now
+      self._answering = any(waits.reachable(a, timeout_secs=0.5)
+                            for a in self._workers.values())
+      if self._answering:
+        self._last_answer = now
+        self._next_note = now + self._note_every
+      elif now >= self._next_note:
+        print(f"{self._who}: no worker has answered for "
+              f"{now - self._last_answer:.0f} s ({self.describe()}); giving "
+              f"up after {self._timeout:.0f} s", flush=True)
+        self._next_note = now + self._note_every
+    return self._answering
+
+  def gave_up(self, now) -> bool:
+    return bool(self._workers) and now - self._last_answer >= self._timeout
+
+  def describe(self) -> str:
+    return ", ".join(f"{name} at {a}" for name, a in self._workers.items())

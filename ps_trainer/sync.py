@@ -67,18 +67,23 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     workers_done: (session) -> how many other replicas have said they are
       done; None when there are no other replicas.
     drain_timeout_secs: bound on the chief's wait for the other replicas.
+    stop: the task's StopRequest: a stopping chief waits for the others
+      only `stopping_drain_secs`, a bounded part of its grace period.
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,
                session_factory: Callable[[], tf.compat.v1.Session],
                workers_done: Optional[Callable] = None,
-               drain_timeout_secs: float = 120.0):
+               drain_timeout_secs: float = 120.0, stop=None,
+               stopping_drain_secs: float = 8.0):
     self._opt = sync_optimizer
     self._is_chief = is_chief
     self._num_workers = num_workers
     self._session_factory = session_factory
     self._workers_done = workers_done
     self._drain_timeout_secs = drain_timeout_secs
+    self._stop = stop
+    self._stopping_drain_secs = stopping_drain_secs
     self._thread = None
     self._sync_session = None
     self._stopping = threading.Event()
@@ -99,7 +104,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
 
   def after_create_session(self, session, coord):
     waits.wait_until(waits.uninitialized(session, self._ready_op),
-                     "the chief to initialize the model", timeout_secs=300)
+                     "the chief to initialize the model", timeout_secs=300,
+                     stop=self._stop)
     session.run(self._local_init_op)
     if self._is_chief:
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
@@ -144,9 +150,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       return (f"{others - self._workers_done(session)} of {others} other "
               "workers to finish their last synchronous step")
 
+    bound = self._drain_timeout_secs
+    if self._stop is not None and self._stop.requested:
+      bound = self._stopping_drain_secs
     try:
-      waits.wait_until(released, what, self._drain_timeout_secs,
-                       poll_secs=0.2)
+      waits.wait_until(released, what, bound, poll_secs=0.2)
     except waits.WaitTimeout as e:
       logging.warning("%s; ending the run without them", e)
 

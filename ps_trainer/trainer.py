@@ -19,12 +19,19 @@ from ps_trainer import placement
 from ps_trainer import resume
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
+from ps_trainer import session as session_lib
+from ps_trainer import stops
 from ps_trainer import sync
 from ps_trainer import waits
 
 EVAL_BATCH_SIZE = 1000
 SUMMARY_STEPS = 100
-WAIT_FOR_PS_SECS = 600
+# Names the check that stops a run whose loss is no longer a number.
+LOSS_CHECK_NAME = "loss_is_finite"
+
+
+class Diverged(RuntimeError):
+  """The loss became NaN or Inf. The message is one line."""
 
 
 @dataclasses.dataclass
@@ -43,9 +50,10 @@ class TrainGraph:
   model_not_ready: tf.Tensor
   sync_optimizer: Optional[tf.compat.v1.train.SyncReplicasOptimizer]
   done_signals: Optional[server_lib.DoneSignals]
-  # The chief's run signature on the PS (see run_signature.py), and this
-  # task's own.
+  # The chief's run signature on the PS (see run_signature.py), whether it
+  # is there yet, and this task's own.
   signature: tf.Variable
+  signature_published: tf.Tensor
   own_signature: dict
 
 
@@ -73,6 +81,11 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
           shard_index=cfg.replica_index, seed=cfg.train.seed)
       logits = _logits(cfg, dataset, train_input.features)
       loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
+      # The update depends on this check (and its gradient on the gradient's
+      # own check), so a NaN or Inf loss stops the step before any variable
+      # changes: the model and the checkpoints stay good.
+      loss = tf.debugging.check_numerics(loss, "loss is NaN or Inf",
+                                         name=LOSS_CHECK_NAME)
       optimizer = sync.make_optimizer(cfg.train.optimizer,
                                       cfg.train.learning_rate)
       sync_optimizer = None
@@ -89,6 +102,9 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       signature = tf.compat.v1.get_variable(
           "ps_trainer/run_signature", trainable=False,
           initializer=tf.constant(run_signature.encode(own_signature)))
+      signature_published = tf.compat.v1.is_variable_initialized(signature)
+      # Only non-chief workers run it; spare the others TF's "never used" dump.
+      getattr(signature_published, "mark_used", lambda: None)()
     tf.compat.v1.summary.scalar("loss", loss)
     tf.compat.v1.summary.scalar("train_accuracy", accuracy)
     model_variables = [v for v in tf.compat.v1.global_variables()
@@ -107,7 +123,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       saver=saver, chief_start=chief_start, model_variables=model_variables,
       model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
       done_signals=done_signals,
-      signature=signature, own_signature=own_signature)
+      signature=signature, signature_published=signature_published,
+      own_signature=own_signature)
 
 
 def _logits(cfg, dataset, features):
@@ -133,77 +150,178 @@ def _evaluator(test_input: data.Input, sums):
   return evaluate
 
 
-def _speaker(cfg: config_lib.Config) -> str:
-  if cfg.cluster is None:
-    return "local"
-  if cfg.cluster.is_chief:
-    return "chief"
-  return f"{cfg.cluster.job_name} {cfg.cluster.task_index}"
+@dataclasses.dataclass
+class _Hooks:
+  every_replica: list
+  chief_only: list
+  progress: hooks_lib.ProgressHook
+  result: Optional[hooks_lib.ResultHook]  # The chief's.
 
 
-def train(cfg: config_lib.Config, dataset: data.DataSet,
-          target: str = "") -> Optional[dict]:
-  """Trains to --train_steps in a MonitoredTrainingSession.
+def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
+          stop: Optional[stops.StopRequest] = None) -> Optional[dict]:
+  """Trains to --train_steps, or until `stop` is requested.
 
   Args:
     cfg: the run's configuration.
     dataset: the loaded data set.
     target: this task's server target; "" in local mode.
+    stop: this task's StopRequest (signals); None: nobody can ask.
 
   Returns:
-    The result.json dict on the chief (and in local mode), else None.
+    The result.json dict on the chief (and in local mode) when the run is
+    finished, else None.
+
+  Raises:
+    Diverged: the loss became NaN or Inf.
+    waits.WaitTimeout: a PS or the chief did not answer in time.
+    waits.Stopped: a stop was requested while waiting for them.
   """
+  stop = stop or stops.StopRequest(cfg.task_name)
   tg = build_graph(cfg, dataset)
   info = cfg.cluster
   session_config = server_lib.session_config(info) if info else None
-  hooks, chief_hooks, result_hook = _hooks(cfg, tg, target, session_config)
+  hooks = _hooks(cfg, tg, target, session_config, stop)
   if info:
-    waits.wait_for_addresses(
-        {f"ps {i}": address for i, address in sorted(info.jobs["ps"].items())},
-        timeout_secs=WAIT_FOR_PS_SECS)
-  if info and not info.is_chief:
-    _wait_for_chief(tg, target, session_config)
+    _add_last_resorts(cfg, tg, target, session_config, stop)
+  try:
+    _run_session(cfg, tg, target, session_config, hooks, stop)
+  except (Diverged, waits.Stopped):
+    _leave(cfg, tg, target, stop)
+    raise
+  _leave(cfg, tg, target, stop)
+  if stop.requested and cfg.is_chief:
+    print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
+          f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
+          "continues from it", flush=True)
+  return hooks.result.result if hooks.result else None
+
+
+def _run_session(cfg, tg: TrainGraph, target: str, session_config,
+                 hooks: _Hooks, stop: stops.StopRequest) -> None:
+  """The session loop: train until a hook says stop."""
   with tg.graph.as_default():
-    with tf.compat.v1.train.MonitoredTrainingSession(
-        master=target, is_chief=cfg.is_chief,
-        checkpoint_dir=cfg.train.log_dir if cfg.is_chief else None,
-        scaffold=_scaffold(tg), hooks=hooks, chief_only_hooks=chief_hooks,
+    session = session_lib.monitored_session(
+        who=cfg.task_name, is_chief=cfg.is_chief, target=target,
+        config=session_config, scaffold=_scaffold(tg),
+        hooks=hooks.every_replica, chief_hooks=hooks.chief_only,
+        log_dir=cfg.train.log_dir if cfg.is_chief else None,
         save_checkpoint_secs=cfg.train.save_checkpoints_secs,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
-        save_summaries_steps=SUMMARY_STEPS, log_step_count_steps=0,
-        config=session_config, stop_grace_period_secs=10) as session:
-      while not session.should_stop():
-        session.run(tg.train_op)
-  if info:
-    server_lib.signal_done(target, info, tg.done_signals, tg.graph)
-  return result_hook.result if result_hook else None
+        save_summaries_steps=SUMMARY_STEPS,
+        before_session=lambda: _wait_for_peers(cfg, tg, target,
+                                               session_config, stop))
+    try:
+      with session:
+        while not session.should_stop():
+          session.run(tg.train_op)
+    except tf.errors.InvalidArgumentError as e:
+      if e.op is None or LOSS_CHECK_NAME not in e.op.name:
+        raise
+      raise Diverged(_diverged_message(cfg, hooks.progress)) from None
 
 
-def _hooks(cfg, tg: TrainGraph, target: str, session_config):
-  """Returns (hooks, chief-only hooks, the chief's ResultHook or None)."""
+def _leave(cfg, tg: TrainGraph, target: str, stop: stops.StopRequest):
+  """Tells the PS tasks this replica is done for good (finished or stopped)."""
+  if cfg.cluster:
+    server_lib.signal_done(target, cfg.cluster, tg.done_signals, tg.graph,
+                           timeout_secs=5 if stop.requested else 30)
+
+
+def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
+  where = (f"at global step {progress.last_global_step + 1}"
+           if progress.last_global_step is not None else "at the first step")
+  message = (f"the training loss became NaN or Inf {where}; training stopped "
+             "before that step changed any variable. Lower --learning_rate "
+             f"(now {cfg.train.learning_rate:g})")
+  if cfg.is_chief and cfg.train.log_dir:
+    newest = tf.train.latest_checkpoint(cfg.train.log_dir)
+    message += (f"; the last good checkpoint is {newest}" if newest
+                else "; no checkpoint was written")
+  return message
+
+
+def _hooks(cfg, tg: TrainGraph, target: str, session_config,
+           stop: stops.StopRequest) -> _Hooks:
   per_step = examples_per_global_step(cfg)
   throughput = hooks_lib.Throughput(cfg.train.train_steps)
   progress = hooks_lib.ProgressHook(
-      _speaker(cfg), tg.loss, tg.global_step, cfg.train.train_steps, per_step,
+      cfg.task_name, tg.loss, tg.global_step, cfg.train.train_steps, per_step,
       cfg.train.log_every_steps, throughput)
-  hooks = [hooks_lib.InputInitHook(tg.train_input.initializer,
-                                   tg.train_input.feed_dict),
-           hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
+  every_replica = [
+      hooks_lib.StopOnRequestHook(stop),
+      hooks_lib.InputInitHook(tg.train_input.initializer,
+                              tg.train_input.feed_dict),
+      hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
+  if cfg.cluster:
+    every_replica.append(hooks_lib.StallWatchHook(
+        stop, _stall_reason(cfg), cfg.train.wait_timeout_secs))
   if tg.sync_optimizer is not None:
-    hooks.append(_sync_hook(cfg, tg, target, session_config))
+    every_replica.append(_sync_hook(cfg, tg, target, session_config, stop))
   if not cfg.is_chief:
-    return hooks, [], None
-  chief_hooks = [hooks_lib.PublishHook(
+    return _Hooks(every_replica, [], progress, None)
+  chief_only = [hooks_lib.PublishHook(
       tg.signature, run_signature.encode(tg.own_signature))]
-  result_hook = hooks_lib.ResultHook(
+  result = hooks_lib.ResultHook(
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
       os.path.join(cfg.train.log_dir, "result.json"), progress)
-  hooks.append(result_hook)  # Last: after the final checkpoint and release.
-  return hooks, chief_hooks, result_hook
+  every_replica.append(result)  # Last: after the final checkpoint and release.
+  return _Hooks(every_replica, chief_only, progress, result)
+
+
+def _stall_reason(cfg) -> Callable[[], str]:
+  """() -> what a long step waits for: the peers it needs that do not answer."""
+  info = cfg.cluster
+  peers = info.ps_addresses()
+  if cfg.train.sync_replicas:
+    peers.update({name: address
+                  for name, address in info.replica_addresses().items()
+                  if address != info.address})
+  waited_for = ("the gradients of the other workers"
+                if cfg.train.sync_replicas else "the PS tasks")
+
+  def reason():
+    gone = waits.unreachable(peers)
+    if gone:
+      return f"{waited_for}; not answering: {', '.join(gone)}"
+    return f"{waited_for} (every known task answers: a slow or restarting peer?)"
+  return reason
+
+
+def _add_last_resorts(cfg, tg: TrainGraph, target: str, session_config,
+                      stop: stops.StopRequest) -> None:
+  """What a task forced to exit still does: the chief saves, all say done."""
+  if cfg.is_chief:
+    def save_checkpoint():
+      with tf.compat.v1.Session(target, graph=tg.graph,
+                                config=session_config) as session:
+        path = tg.saver.save(
+            session, os.path.join(cfg.train.log_dir, "model.ckpt"),
+            global_step=tg.global_step, write_meta_graph=False)
+      print(f"{cfg.task_name}: wrote a last checkpoint {path}", flush=True)
+    stop.add_last_resort(save_checkpoint, "a last checkpoint")
+  stop.add_last_resort(
+      lambda: server_lib.signal_done(target, cfg.cluster, tg.done_signals,
+                                     tg.graph, timeout_secs=5),
+      "telling the PS tasks this worker is done")
+
+
+def _wait_for_peers(cfg, tg: TrainGraph, target: str, session_config,
+                    stop: stops.StopRequest) -> None:
+  """Before each session: wait, saying so, for the PS tasks, then the chief."""
+  info = cfg.cluster
+  if info is None:
+    return
+  waits.wait_for_addresses(info.ps_addresses(),
+                           timeout_secs=cfg.train.wait_timeout_secs,
+                           stop=stop, note_at_once=True)
+  if not info.is_chief:
+    _wait_for_chief(tg, target, session_config, cfg.train.wait_timeout_secs,
+                    stop)
 
 
 def _wait_for_chief(tg: TrainGraph, target: str, session_config,
-                    timeout_secs: float = 600.0) -> None:
+                    timeout_secs: float, stop: stops.StopRequest) -> None:
   """Waits, saying so, for the chief's model; refuses to join a different job.
 
   MonitoredTrainingSession would also wait, but checks only every 30 s, so a
@@ -215,16 +333,16 @@ def _wait_for_chief(tg: TrainGraph, target: str, session_config,
     waits.WaitTimeout: the chief did not show up in time.
   """
   what = "the chief to initialize or restore the model"
-  with tg.graph.as_default(), tf.compat.v1.Session(
-      target, config=session_config) as session:
-    published = tf.compat.v1.is_variable_initialized(tg.signature)
-    waits.wait_until(lambda: session.run(published), what, timeout_secs)
+  with tf.compat.v1.Session(target, graph=tg.graph,
+                            config=session_config) as session:
+    waits.wait_until(lambda: session.run(tg.signature_published), what,
+                     timeout_secs, stop=stop)
     problem = run_signature.mismatch(
         tg.own_signature, session.run(tg.signature).decode())
     if problem:
       raise run_signature.MismatchError(problem)
     waits.wait_until(waits.uninitialized(session, tg.model_not_ready), what,
-                     timeout_secs)
+                     timeout_secs, stop=stop)
 
 
 def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
@@ -239,17 +357,18 @@ def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
         ready_for_local_init_op=tg.model_not_ready)
 
 
-def _sync_hook(cfg, tg: TrainGraph, target: str, session_config):
+def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
+               stop: stops.StopRequest):
   def new_session():
     return tf.compat.v1.Session(target, graph=tg.graph, config=session_config)
   workers_done = None
   if tg.done_signals is not None and cfg.num_workers > 1:
-    count = tg.done_signals.count
-    workers_done = lambda session: int(session.run(count))
+    others_done = tg.done_signals.others_done
+    workers_done = lambda session: int(session.run(others_done))
   return sync.SyncReplicasHook(
       tg.sync_optimizer, cfg.is_chief, cfg.num_workers,
       session_factory=new_session if cfg.cluster else None,
-      workers_done=workers_done)
+      workers_done=workers_done, stop=stop)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:

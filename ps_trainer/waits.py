@@ -14,9 +14,14 @@ class WaitTimeout(RuntimeError):
   """A bounded wait ran out. The message is one line."""
 
 
+class Stopped(RuntimeError):
+  """A stop was requested (SIGINT/SIGTERM) while waiting."""
+
+
 def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
                poll_secs: float = 0.5, note_every_secs: float = 10.0,
-               clock=time.monotonic, sleep=time.sleep) -> None:
+               clock=time.monotonic, sleep=time.sleep, stop=None,
+               note_at_once: bool = False) -> None:
   """Polls `ready()` until it is true, printing `what` every so often.
 
   Args:
@@ -26,15 +31,26 @@ def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
     timeout_secs: the bound.
     poll_secs: pause between polls.
     note_every_secs: pause between "still waiting" lines.
+    stop: a StopRequest (stops.py), or None; a requested stop ends the wait.
+    note_at_once: print "waiting for" at once if not ready at the first poll.
 
   Raises:
     WaitTimeout: `ready()` stayed false for `timeout_secs`.
+    Stopped: `stop` was requested.
   """
   describe = what if callable(what) else lambda: what
   start = clock()
   next_note = start + note_every_secs
+  if note_at_once:
+    if ready():
+      return
+    print(f"waiting for {describe()} (giving up after {timeout_secs:.0f} s)",
+          flush=True)
   while not ready():
     now = clock()
+    if stop is not None and stop.requested:
+      raise Stopped(f"stopped on {stop.signal_name} while waiting for "
+                    f"{describe()}")
     if now - start >= timeout_secs:
       raise WaitTimeout(
           f"gave up after {timeout_secs:.0f} s waiting for {describe()}")
@@ -91,3 +107,9 @@ def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
 
   wait_until(ready, what, timeout_secs, **kwargs)
 
+
+
+def unreachable(named: dict) -> list:
+  """["name at host:port", ...] for each {name: address} that refuses connections."""
+  return [f"{name} at {address}" for name, address in named.items()
+          if not reachable(address)]

@@ -110,6 +110,17 @@ class ResultHookTest(absltest.TestCase):
     self.assertEqual(hook.result["steps_per_sec"], 2.0)
 
 
+  def test_a_run_stopped_early_writes_no_result(self):
+    path = os.path.join(testutil.make_tempdir(self), "result.json")
+    throughput = hooks.Throughput(train_steps=20, clock=FakeClock())
+    throughput.session_started()
+    throughput.observe(7)
+    hook = self.hook(path, throughput)
+    hook.end(_Session(8))  # A signal stopped the run at step 8 of 20.
+    self.assertFalse(os.path.exists(path))
+    self.assertIsNone(hook.result)
+
+
 class NamesTest(absltest.TestCase):
   """flags.py keeps its own copies (it must not import TF); they must agree."""
 

@@ -81,6 +81,8 @@ class _Cluster:
         continue
       _SERVERS.extend(servers)
       self.targets = [s.target for s in servers[num_ps:]]
+      for i in range(num_ps):  # What each PS task's run_ps does first.
+        server_lib.init_done_flags(servers[i].target, self.info("ps", i))
       return
 
   def info(self, job_name, task_index):
@@ -123,8 +125,8 @@ class _Replica:
     """SyncReplicasHook wired as trainer._sync_hook wires it."""
     workers_done = None
     if done_count:
-      count = self.done_signals.count
-      workers_done = lambda session: int(session.run(count))
+      others_done = self.done_signals.others_done
+      workers_done = lambda session: int(session.run(others_done))
     return sync.SyncReplicasHook(
         self.sync_optimizer, self.info.is_chief, self.info.num_workers,
         session_factory=self.new_session, workers_done=workers_done,
@@ -147,13 +149,13 @@ class _Replica:
     return int(step), values
 
   def done_counts(self):
-    """How many done tokens each PS's queue holds."""
+    """How many replicas have set their done flag on each PS."""
     graph = tf.Graph()  # self.graph is final: new ops need their own graph.
     with graph.as_default():
-      sizes = [server_lib.done_queue(i, self.info.num_workers).size()
-               for i in range(self.info.num_ps)]
+      counts = [tf.reduce_sum(server_lib.done_flags(i, self.info.num_workers))
+                for i in range(self.info.num_ps)]
       with tf.compat.v1.Session(self.target, config=self.config) as session:
-        return [int(n) for n in session.run(sizes, options=_options())]
+        return [int(n) for n in session.run(counts, options=_options())]
 
 
 class _Thread(threading.Thread):
@@ -338,10 +340,10 @@ class CleanEndTest(SyncTestCase):
   """The end of a sync run: every replica returns, nobody hangs (NOTES.md 1).
 
   Wired as trainer.train wires it: StopAtStepHook and SyncReplicasHook in a
-  MonitoredTrainingSession; after the session closes, each replica puts its
-  done token on every PS (server.signal_done); the chief's hook counts the
-  tokens on PS 0 (DoneSignals.count) and hands out sync tokens until every
-  other replica has finished.
+  MonitoredTrainingSession; after the session closes, each replica sets its
+  done flag on every PS (server.signal_done); the chief's hook counts the
+  others' flags on PS 0 (DoneSignals.others_done) and hands out sync tokens
+  until every other replica has finished.
   """
 
   TRAIN_STEPS = 6

@@ -92,6 +92,7 @@ class ChiefRestartTest(absltest.TestCase):
                   f"--worker_hosts=127.0.0.1:{worker_port}")
     cfg = testutil.make_config(*self.hosts, "--job_name=ps", "--task_index=0")
     self.ps_server = server_lib.start_server(cfg.cluster)
+    server_lib.init_done_flags(self.ps_server.target, cfg.cluster)
     cfg = testutil.make_config(*self.hosts, "--job_name=worker",
                                "--task_index=0", "--log_dir=/unused")
     self.worker_server = server_lib.start_server(cfg.cluster)

@@ -1,0 +1,127 @@
+"""Ending a task on purpose: signals, steps that never finish, last resorts.
+
+SIGINT and SIGTERM request a stop: the session loop ends after the current
+step, the chief writes its final checkpoint, every replica tells the PS tasks
+it is done. A task can be blocked inside TensorFlow when the signal arrives
+(a sync step waiting for a worker that died), where no Python code of the
+main thread runs; so the signals are received by a thread of their own
+(sigwait), which can still end the task if the clean stop does not come in
+time, after the last resorts (the chief's emergency checkpoint) had their
+chance. No TensorFlow here: main.py installs this before TF loads; the hooks
+that consult it are in hooks.py.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, List
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_LAST_RESORT_SECS = 10.0
+
+
+class StopRequest:
+  """Whether this task was asked to stop, and the means to end it for sure.
+
+  Args:
+    who: names the task in messages, e.g. "worker 1".
+    how: what a stop means for this task, for the message.
+    grace_secs: how long a requested stop may take before the task exits
+      anyway.
+  """
+
+  def __init__(self, who: str, how: str = "stopping after the current step",
+               grace_secs: float = 20.0):
+    self.who = who
+    self._how = how
+    self.grace_secs = grace_secs
+    self.signum = None
+    self._event = threading.Event()
+    self._deadline_at = None
+    self._last_resorts: List[tuple] = []  # (action, what)
+    self._exiting = threading.Lock()
+
+  @property
+  def requested(self) -> bool:
+    return self._event.is_set()
+
+  @property
+  def signal_name(self) -> str:
+    return signal.Signals(self.signum).name if self.signum else "a request"
+
+  def exit_status(self) -> int:
+    """128 + the signal number, as a shell reports a task ended by a signal."""
+    return 128 + (self.signum or signal.SIGTERM)
+
+  def install(self) -> None:
+    """Receives SIGINT and SIGTERM from now on (call before TF starts threads).
+
+    Blocking the signals here makes every thread started later inherit the
+    block, so only the watcher thread sees them, whatever the main thread is
+    doing inside TensorFlow.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    threading.Thread(target=self._watch, name="ps_trainer_signals",
+                     daemon=True).start()
+
+  def add_last_resort(self, action: Callable[[], None], what: str) -> None:
+    """`action` runs (bounded) before a forced exit; `what` names it."""
+    self._last_resorts.append((action, what))
+
+  def request(self, signum: int) -> None:
+    """What a received signal does (public for tests).
+
+    A repeated signal does not cut the stop short: Ctrl-C reaches every task
+    of a terminal's process group and launchers follow up with SIGTERM; a PS
+    that left early would cost the chief its final checkpoint. The grace
+    period bounds the stop anyway.
+    """
+    name = signal.Signals(signum).name
+    if self._event.is_set():
+      left = max(0, self._deadline_at - time.monotonic())
+      print(f"{self.who}: got {name}: already stopping (at most {left:.0f} s "
+            "more)", flush=True)
+      return
+    self.signum = signum
+    self._deadline_at = time.monotonic() + self.grace_secs
+    print(f"{self.who}: got {name}: {self._how} (at most "
+          f"{self.grace_secs:.0f} s)", flush=True)
+    self._event.set()
+    threading.Thread(target=self._deadline, name="ps_trainer_stop_deadline",
+                     daemon=True).start()
+
+  def _watch(self) -> None:
+    while True:
+      self.request(signal.sigwait(STOP_SIGNALS))
+
+  def _deadline(self) -> None:
+    time.sleep(self.grace_secs)
+    self.force_exit(
+        f"still not stopped {self.grace_secs:.0f} s after {self.signal_name} "
+        "(blocked waiting for another task)", self.exit_status())
+
+  def force_exit(self, reason: str, status: int) -> None:
+    """Runs the last resorts, then ends the process at once with `status`."""
+    with self._exiting:  # One forced exit, even if two threads get here.
+      print(f"{self.who}: {reason}; exiting now with status {status}",
+            flush=True)
+      for action, what in self._last_resorts:
+        worker = threading.Thread(target=_quietly,
+                                  args=(action, what, self.who), daemon=True)
+        worker.start()
+        worker.join(_LAST_RESORT_SECS)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(status)  # pylint: disable=protected-access
+
+
+def _quietly(action, what, who):
+  try:
+    action()
+  except Exception as e:  # pylint: disable=broad-except
+    # TF's messages open with framing lines such as "Graph execution error:".
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    detail = next((l for l in lines if not l.endswith(":")), type(e).__name__)
+    print(f"{who}: {what} failed: {detail}", flush=True)
