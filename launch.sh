@@ -22,10 +22,12 @@ EXIT_WAIT_SECS=${PS_TRAINER_EXIT_WAIT_SECS:-60}
 usage() {
   cat <<'EOF'
 Usage:
-  ./launch.sh local [--num_ps=N] [--num_workers=M] [trainer flags...]
+  ./launch.sh local [--num_ps=N] [--num_workers=M] [--no_isolate] [trainer flags...]
       Run a whole cluster on this machine (default 1 PS, 2 workers; worker 0 is the chief and its
       log is shown). Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
-      runs/local-YYYYmmdd-HHMMSS. Exits with the chief's status, leaves no task behind (Ctrl-C too).
+      runs/local-YYYYmmdd-HHMMSS. The tasks run in a private network namespace with loopback only
+      (--no_isolate: in this machine's network). Exits with the chief's status; Ctrl-C or SIGTERM
+      stops every task after the chief's final checkpoint and leaves no task behind.
   ./launch.sh test [pytest args...]
       Run the test suite (default: all of it, -q) with the dev requirements.
   ./launch.sh [trainer flags...]
@@ -97,8 +99,40 @@ on_signal() {  # name exit-status
   exit "$2"
 }
 
+# Re-runs this launcher in a private network namespace with loopback only, so that no other host
+# can reach the tasks' servers (they bind every interface and run any graph they are sent). As
+# root `unshare -n`; otherwise in an unprivileged user namespace where the kernel allows it; else
+# one line says so and the run goes on unisolated. $@: the original `local` arguments.
+isolate_network() {
+  local how=() err
+  if [[ -n ${PS_TRAINER_IN_NETNS:-} ]]; then   # inside already: bring loopback up
+    if command -v ip >/dev/null 2>&1; then
+      ip link set lo up || die "cannot bring up loopback in the private network namespace"
+    else
+      "$PY" -c 'import fcntl, socket, struct
+s = socket.socket(); req = struct.pack("16sH", b"lo", 0)
+flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
+fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP' \
+        || die "cannot bring up loopback in the private network namespace"
+    fi
+    msg "the tasks run in a private network namespace (loopback only): no other host can reach them"
+    return
+  fi
+  if ! command -v unshare >/dev/null 2>&1; then
+    err="unshare (util-linux) is not installed"
+  elif err=$(unshare -n true 2>&1); then
+    how=(unshare -n)
+  elif err=$(unshare -rn true 2>&1); then
+    how=(unshare -rn)
+  fi
+  if ((${#how[@]})); then
+    PS_TRAINER_IN_NETNS=1 exec "${how[@]}" -- "$BASH" "$REPO/launch.sh" local "$@"
+  fi
+  msg "cannot isolate the tasks in a private network namespace (${err:-unshare failed}); their servers listen on every interface of this machine without authentication (README: Security; --no_isolate hides this line)"
+}
+
 run_local() {
-  local num_ps=1 num_workers=2 log_dir="" args=() i
+  local num_ps=1 num_workers=2 log_dir="" isolate=1 args=() i original=("$@")
   while (($#)); do
     # The launcher builds the cluster itself; a user's cluster flags would silently fight it.
     if [[ $1 =~ ^--?(no)?(ps_hosts|worker_hosts|job_name|task_index)(=|$) ]]; then
@@ -108,6 +142,7 @@ run_local() {
       --num_ps=*) num_ps=${1#*=} ;;
       --num_workers=*) num_workers=${1#*=} ;;
       --log_dir=*) log_dir=${1#*=} ;;
+      --no_isolate) isolate=0 ;;
       --num_ps | --num_workers | --log_dir)
         (($# >= 2)) || DIE_STATUS=2 die "$1 needs a value"
         case $1 in
@@ -125,12 +160,15 @@ run_local() {
   check_count --num_ps "$num_ps"
   check_count --num_workers "$num_workers"
   num_ps=$((10#$num_ps)) num_workers=$((10#$num_workers))
+
+  bootstrap runtime   # before isolating: it may need the network
+  if ((isolate)); then
+    isolate_network "${original[@]}"
+  fi
   if [[ -z $log_dir ]]; then
     log_dir=$(new_log_dir)
   fi
   mkdir -p "$log_dir/logs" || DIE_STATUS=2 die "cannot create --log_dir=$log_dir"
-
-  bootstrap runtime
 
   local ports ps_hosts="" worker_hosts=""
   read -r -a ports < <(free_ports $((num_ps + num_workers)))

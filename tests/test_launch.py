@@ -6,6 +6,7 @@ its command line, which is how leftovers are found.
 """
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,10 +153,15 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertEqual(result["num_ps"], 1, result)
     return result
 
-  def test_local_async(self):
+  def test_local_async_runs_isolated(self):
     proc, log_dir = self._start_local("--train_steps=200")
     result = self._check_finished_run(proc, log_dir, sync=False)
     self.assertGreaterEqual(result["global_step"], 200, result)
+    self.assertIn("the tasks run in a private network namespace (loopback only)",
+                  proc.read_log())
+    # A task warns about exposure unless loopback is its only interface.
+    for name in ("ps-0", "worker-0", "worker-1"):
+      self.assertNotIn("warning:", _read(os.path.join(log_dir, "logs", f"{name}.log")))
 
   def test_local_sync_ends(self):
     # The classic failure: the chief stops and the other replica blocks forever on the token queue.
@@ -163,24 +169,82 @@ class LaunchLocalTest(absltest.TestCase):
     result = self._check_finished_run(proc, log_dir, sync=True)
     self.assertEqual(result["global_step"], 200, result)
 
-  def test_sigint_stops_every_task(self):
-    proc, log_dir = self._start_local("--train_steps=100000000", "--log_every_steps=20")
+  def test_without_namespaces_says_so_in_one_line_and_runs(self):
+    fake_bin = testutil.make_tempdir(self)
+    with open(os.path.join(fake_bin, "unshare"), "w") as f:
+      f.write("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    os.chmod(os.path.join(fake_bin, "unshare"), 0o755)
+    log_dir = testutil.make_tempdir(self)
+    env = testutil.trainer_env({"PATH": f"{fake_bin}:{os.environ['PATH']}"})
+    proc = testutil.start([testutil.LAUNCH_SH, "local", f"--log_dir={log_dir}",
+                           "--train_steps=50"], os.path.join(log_dir, "launch.out"), env=env)
+    self.addCleanup(proc.kill_group)
+    self._check_finished_run(proc, log_dir, sync=False)
+    notes = [line for line in proc.read_log().splitlines()
+             if "private network namespace" in line]
+    self.assertEqual(notes, [
+        "launch.sh: cannot isolate the tasks in a private network namespace (unshare: unshare "
+        "failed: Operation not permitted); their servers listen on every interface of this "
+        "machine without authentication (README: Security; --no_isolate hides this line)"])
+    for name in ("ps-0", "worker-0", "worker-1"):
+      warnings = [line for line in _read(os.path.join(log_dir, "logs", f"{name}.log")).splitlines()
+                  if line.startswith("ps_trainer: warning:")]
+      self.assertLen(warnings, 1, name)
+      self.assertRegex(warnings[0], r"listens on port \d+ of every network interface, without "
+                       r"authentication.*trusted network \(README: Security\)")
+
+  def _stop_mid_run(self, send_stop, *flags):
+    """Starts a long run, sends a stop once the chief trains; returns (proc, log_dir, tasks)."""
+    proc, log_dir = self._start_local("--train_steps=100000000", "--log_every_steps=20",
+                                      "--save_checkpoints_steps=100", *flags)
     chief_log = os.path.join(log_dir, "logs", "worker-0.log")
     deadline = time.monotonic() + CLUSTER_TIMEOUT_SECS
     while time.monotonic() < deadline and proc.returncode is None:
-      if os.path.exists(chief_log) and ": step " in _read(chief_log):
+      if os.path.exists(chief_log) and "chief: step 1" in _read(chief_log):
         break
       time.sleep(0.5)
     else:
-      self.fail(f"training never started (no progress line in {chief_log})\n{proc.log_tail()}")
+      self.fail(f"training never reached step 100 ({chief_log})\n{proc.log_tail()}")
+    time.sleep(1)  # Past a periodic checkpoint or two.
     tasks = [p for p in testutil.find_processes(log_dir) if "-m ps_trainer" in testutil.cmdline(p)]
     self.assertLen(tasks, 3)
-
-    proc.signal_group(signal.SIGINT)  # what Ctrl-C in a terminal does
+    namespaces = {os.readlink(f"/proc/{pid}/ns/net") for pid in tasks}
+    send_stop(proc)
     start = time.monotonic()
-    self.assertEqual(proc.wait(timeout=30), 130, proc.log_tail())
+    status = proc.wait(timeout=60)
+    self.assertLess(time.monotonic() - start, 30, proc.log_tail())
     testutil.assert_no_leftover(tasks, marker=log_dir, timeout=5)
-    self.assertLess(time.monotonic() - start, 20, proc.log_tail())
+    return status, log_dir, namespaces
+
+  def _assert_final_checkpoint(self, log_dir, signal_name):
+    """The chief's last checkpoint is newer than every periodic one (every 100 steps)."""
+    with open(os.path.join(log_dir, "checkpoint")) as f:
+      steps = [int(s) for s in re.findall(r"model\.ckpt-(\d+)", f.read())]
+    final = steps[0]  # model_checkpoint_path comes first
+    periodic = [s for s in steps[1:] if s != final]
+    self.assertTrue(periodic, steps)
+    self.assertGreater(final, max(periodic), steps)
+    self.assertIn(f"chief: stopped on {signal_name}; final checkpoint "
+                  f"{os.path.join(log_dir, f'model.ckpt-{final}')}",
+                  _read(os.path.join(log_dir, "logs", "worker-0.log")))
+    self.assertFalse(os.path.exists(os.path.join(log_dir, "result.json")))  # Not finished.
+
+  def test_ctrl_c_stops_every_task_after_a_final_checkpoint(self):
+    # What Ctrl-C in a terminal does: SIGINT to the launcher and every task.
+    status, log_dir, namespaces = self._stop_mid_run(
+        lambda proc: proc.signal_group(signal.SIGINT))
+    self.assertEqual(status, 130)
+    self._assert_final_checkpoint(log_dir, "SIGINT")
+    self.assertNotIn(os.readlink("/proc/self/ns/net"), namespaces)
+    self.assertLen(namespaces, 1)  # One private namespace shared by the tasks.
+
+  def test_sigterm_to_the_launcher_alone_stops_every_task(self):
+    # A scheduler stopping the job; here without isolation, as on a machine without namespaces.
+    status, log_dir, namespaces = self._stop_mid_run(
+        lambda proc: os.kill(proc.pid, signal.SIGTERM), "--sync_replicas", "--no_isolate")
+    self.assertEqual(status, 143)
+    self._assert_final_checkpoint(log_dir, "SIGTERM")
+    self.assertEqual(namespaces, {os.readlink("/proc/self/ns/net")})
 
 
 if __name__ == "__main__":

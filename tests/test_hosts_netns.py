@@ -1,0 +1,249 @@
+"""A cluster on real hosts: every task in its own network namespace, on its own address.
+
+The README's per-host set-up, for real: ps0, worker0 and worker1 are network namespaces on one
+private switch (tests/netns.py), each task listens on port 2222 of its own address and reaches the
+others over veth links through a bridge, as separate machines would. Needs root (skipped
+otherwise); nothing is added to the machine's own namespace, and every namespace goes at the end.
+
+- an async job across the three hosts trains to the end, and every task exits 0;
+- the same, async and then sync, while worker1's link is down for LINK_DOWN_SECS in the middle of
+  the run (its interface set down, as a pulled cable or a switch port going away): the job must
+  still finish, every task exit 0, and worker1 train again once its link is back.
+
+Every wait is bounded; a failure names each task's status and exit time, a timeline of what the
+tasks printed (stalls show as gaps), and the tail of each task's log.
+"""
+
+import os
+import re
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from absl.testing import absltest
+
+import netns
+import testutil
+
+PORT = 2222
+# (host, job, task index); host i has address .(i+1) of the subnet.
+TASKS = (("ps0", "ps", 0), ("worker0", "worker", 0), ("worker1", "worker", 1))
+LINK_DOWN_SECS = 8
+# TensorFlow start-up of three processes on 2 cores, up to the first progress line.
+START_TIMEOUT_SECS = 120
+# From the start (or from the link's return) to the end of every task.
+FINISH_TIMEOUT_SECS = 150
+# Once a task has failed, how long the others get to end before the test gives up on them.
+AFTER_FAILURE_SECS = 45
+POLL_SECS = 0.2
+# TF's benign warning at each step's clean-up: noise in timelines and tails.
+NOISE = "local_rendezvous.cc"
+PROGRESS = re.compile(r"^(chief|worker \d+): step (\d+)/(\d+)")
+
+
+class Cluster:
+  """The tasks of one job, each started in its host's namespace, watched with a timeline."""
+
+  def __init__(self, test: absltest.TestCase, net: netns.Network, log_dir: str,
+               flags: List[str]):
+    self.test, self.net, self.log_dir = test, net, log_dir
+    ps = f"{net.address('ps0')}:{PORT}"
+    workers = ",".join(f"{net.address(h)}:{PORT}" for h, job, _ in TASKS if job == "worker")
+    common = [testutil.PYTHON, "-m", "ps_trainer", f"--ps_hosts={ps}",
+              f"--worker_hosts={workers}", f"--log_dir={log_dir}", *flags]
+    self.t0 = time.monotonic()
+    self.events: List[str] = []
+    self.procs: Dict[str, testutil.Process] = {}
+    self.exit_secs: Dict[str, float] = {}
+    self._lines_seen: Dict[str, int] = {}
+    self._last_progress: Dict[str, float] = {}
+    for host, job, index in TASKS:
+      argv = net.exec_args(host, common + [f"--job_name={job}", f"--task_index={index}"])
+      proc = testutil.start(argv, os.path.join(log_dir, "logs", f"{host}.log"),
+                            name=f"{job} {index} ({host})")
+      test.addCleanup(proc.kill_group)
+      self.procs[host] = proc
+      self._lines_seen[host] = 0
+    self.note(f"started {', '.join(self.procs)} with {' '.join(flags)}")
+
+  def secs(self) -> float:
+    return time.monotonic() - self.t0
+
+  def note(self, text: str) -> None:
+    self.events.append(f"{self.secs():6.1f} s  {text}")
+
+  def lines(self, host: str) -> List[str]:
+    """host's log without TF's clean-up noise."""
+    return [l for l in self.procs[host].read_log().splitlines() if NOISE not in l]
+
+  def poll(self) -> None:
+    """Adds new log lines and exits to the timeline.
+
+    Progress lines only when they are a host's first or come after a gap of more than 2 s, so
+    stalls show and steady training does not flood it.
+    """
+    for host, proc in self.procs.items():
+      lines = self.lines(host)
+      now = self.secs()
+      for line in lines[self._lines_seen[host]:]:
+        if PROGRESS.match(line):
+          last = self._last_progress.get(host)
+          self._last_progress[host] = now
+          if last is not None and now - last <= 2.0:
+            continue
+          gap = "" if last is None else f"   [{now - last:.1f} s after the previous one]"
+          self.note(f"{host}: {line}{gap}")
+        else:
+          self.note(f"{host}: {line}")
+      self._lines_seen[host] = len(lines)
+      if proc.returncode is not None and host not in self.exit_secs:
+        self.exit_secs[host] = now
+        self.note(f"{host} exited with status {proc.returncode}")
+
+  def last_step(self, host: str) -> Optional[int]:
+    """The global step of host's last progress line, or None."""
+    steps = [int(m.group(2)) for m in map(PROGRESS.match, self.lines(host)) if m]
+    return steps[-1] if steps else None
+
+  def report(self, headline: str, tail_lines: int = 25) -> str:
+    """headline, each task's state, the timeline, and the tail of each log."""
+    self.poll()
+    out = [headline, "tasks:"]
+    for host, proc in self.procs.items():
+      rc = proc.returncode
+      state = (f"exited {rc} at {self.exit_secs.get(host, self.secs()):.1f} s" if rc is not None
+               else f"STILL RUNNING at {self.secs():.1f} s")
+      out.append(f"  {host} ({proc.name}): {state}")
+    out.append(f"network:\n{self.net.describe()}")
+    out.append(self.timeline())
+    for host in self.procs if tail_lines > 0 else ():
+      lines = self.lines(host)[-tail_lines:]
+      out.append(f"--- last {len(lines)} lines of {host}'s log (without {NOISE} noise) ---")
+      out += [f"  {l}" for l in lines]
+    return "\n".join(out)
+
+  def timeline(self) -> str:
+    return "\n".join(["timeline (s since start):"] + [f"  {e}" for e in self.events])
+
+  def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+    """Polls until ready(); fails with the report if it takes timeout or a task ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+      self.poll()
+      if ready():
+        return
+      ended = [h for h, p in self.procs.items() if p.returncode is not None]
+      if ended:
+        self.fail(f"{', '.join(ended)} ended while the test waited for {what}")
+      if time.monotonic() >= deadline:
+        self.fail(f"no {what} within {timeout:.0f} s")
+      time.sleep(POLL_SECS)
+
+  def wait_all(self, timeout: float) -> None:
+    """Waits for every task to end; fails unless every one exits 0.
+
+    Once one fails, the others get AFTER_FAILURE_SECS more, to show whether they end or hang.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+      self.poll()
+      codes = {h: p.returncode for h, p in self.procs.items()}
+      if all(c is not None for c in codes.values()):
+        break
+      if any(c not in (None, 0) for c in codes.values()):
+        deadline = min(deadline, time.monotonic() + AFTER_FAILURE_SECS)
+      if time.monotonic() >= deadline:
+        self.fail(f"tasks still running {timeout:.0f} s after the wait began "
+                  "(killed at the end of the test)")
+      time.sleep(POLL_SECS)
+    failed = {h: c for h, c in codes.items() if c != 0}
+    if failed:
+      self.fail(f"tasks failed: {failed}")
+
+  def fail(self, headline: str) -> None:
+    self.test.fail(self.report(headline))
+
+
+class HostsNetnsTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    reason = netns.unavailable_reason()
+    if reason:
+      self.skipTest(reason)
+    self.net = netns.Network([host for host, _, _ in TASKS])
+    # Registered first, so it runs last: after the tasks in the namespaces were killed.
+    self.addCleanup(self.net.destroy)
+    self.net.create()
+    self.log_dir = testutil.make_tempdir(self)
+
+  def start(self, *flags: str) -> Cluster:
+    return Cluster(self, self.net, self.log_dir, list(flags))
+
+  def check_result(self, cluster: Cluster, train_steps: int, sync: bool) -> dict:
+    result = testutil.read_result_json(self.log_dir)
+    summary = cluster.report(f"result.json: {result}")
+    if sync:
+      self.assertEqual(result["global_step"], train_steps, summary)
+    else:
+      self.assertGreaterEqual(result["global_step"], train_steps, summary)
+    self.assertEqual(result["sync_replicas"], sync, summary)
+    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1), summary)
+    self.assertGreater(result["accuracy"], 0.9, summary)
+    self.assertIn("every worker is done; exiting", cluster.procs["ps0"].read_log(), summary)
+    testutil.assert_no_leftover(marker=self.log_dir)
+    # Shown by `pytest -rP` and in Bazel's test.log: how long each phase took.
+    print(f"{self.id()}: global step {result['global_step']}, test accuracy "
+          f"{result['accuracy']:.4f}\n{cluster.timeline()}")
+    return result
+
+  def test_async_job_across_three_hosts(self):
+    cluster = self.start("--train_steps=400", "--log_every_steps=100")
+    cluster.wait_all(START_TIMEOUT_SECS + FINISH_TIMEOUT_SECS)
+    self.check_result(cluster, 400, sync=False)
+    self.assertIn("worker 1: step", cluster.procs["worker1"].read_log())
+
+  def cut_worker1_link_mid_run(self, train_steps: int, cut_at_step: int,
+                               flags: Sequence[str] = ()) -> None:
+    """Starts the job; once worker1 has logged global step cut_at_step (past the start-up, in
+    steady training), takes its link down for LINK_DOWN_SECS, brings it back, and expects the job
+    to finish as if nothing had happened, worker1 training again."""
+    # Progress lines every 20 steps (~0.2 s): the timeline then shows when training stalls and
+    # when it resumes to within a fraction of a second.
+    cluster = self.start(f"--train_steps={train_steps}", "--log_every_steps=20", *flags)
+    cluster.wait_until(lambda: (cluster.last_step("worker1") or 0) >= cut_at_step,
+                       f"progress line of worker1 at global step {cut_at_step} or later",
+                       START_TIMEOUT_SECS)
+    cluster.note(f"worker1 link DOWN (last logged global steps: chief "
+                 f"{cluster.last_step('worker0')}, worker1 {cluster.last_step('worker1')})")
+    self.net.link_down("worker1")
+    try:
+      cut_end = time.monotonic() + LINK_DOWN_SECS
+      while time.monotonic() < cut_end:
+        cluster.poll()
+        time.sleep(POLL_SECS)
+    finally:
+      self.net.link_up("worker1")
+    cluster.note("worker1 link UP again")
+    if "done:" in cluster.procs["worker0"].read_log():
+      cluster.fail(f"the chief finished before worker1's link came back: raise --train_steps "
+                   f"above {train_steps} so the test covers a return mid-run")
+    step_at_return = max(cluster.last_step("worker1") or 0, cluster.last_step("worker0") or 0)
+    cluster.wait_all(FINISH_TIMEOUT_SECS)
+    self.check_result(cluster, train_steps, sync="--sync_replicas" in flags)
+    self.assertGreater(cluster.last_step("worker1") or 0, step_at_return, cluster.report(
+        f"worker1 logged no progress after its link came back (last logged global step "
+        f"before: {step_at_return})"))
+
+  def test_async_job_survives_a_worker_link_down_mid_run(self):
+    # The chief goes on alone at 75-150 steps/s while worker1 is cut off, which with TCP's
+    # retransmission back-off lasts ~14 s for an 8 s cut (~1,500 steps): worker1 returns at about
+    # half of the 4,000 steps.
+    self.cut_worker1_link_mid_run(4000, cut_at_step=500)
+
+  def test_sync_job_survives_a_worker_link_down_mid_run(self):
+    # Every step needs worker1's gradient, so the global step stands still while it is cut off.
+    self.cut_worker1_link_mid_run(1200, cut_at_step=300, flags=["--sync_replicas"])
+
+
+if __name__ == "__main__":
+  absltest.main()
