@@ -322,6 +322,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
             f"gave up after a step waited {waited:.0f} s for {self._what()} "
             f"(--wait_timeout_secs={self._timeout:.0f}); the newest "
             "checkpoint is kept, restart the task to go on", 1)
+        return  # Not reached: force_exit ends the process.
       if waited >= next_note:
         print(f"{self._stop.who}: this step has waited {waited:.0f} s for "
               f"{self._what()}; giving up after {self._timeout:.0f} s",

@@ -39,6 +39,7 @@ class StopRequest:
     self.grace_secs = grace_secs
     self.signum = None
     self._event = threading.Event()
+    self._ended = threading.Event()
     self._deadline_at = None
     self._last_resorts: List[tuple] = []  # (action, what)
     self._exiting = threading.Lock()
@@ -96,8 +97,13 @@ class StopRequest:
     while True:
       self.request(signal.sigwait(STOP_SIGNALS))
 
+  def ended(self) -> None:
+    """The task has finished by itself: no forced exit after the grace period."""
+    self._ended.set()
+
   def _deadline(self) -> None:
-    time.sleep(self.grace_secs)
+    if self._ended.wait(self.grace_secs):
+      return
     self.force_exit(
         f"still not stopped {self.grace_secs:.0f} s after {self.signal_name} "
         "(blocked waiting for another task)", self.exit_status())

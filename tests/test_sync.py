@@ -14,6 +14,8 @@ Every run that could block has a RunOptions deadline and every thread a
 bounded join: a broken sync end fails the test instead of hanging it.
 """
 
+import contextlib
+import io
 import socket
 import threading
 import time
@@ -191,6 +193,48 @@ class ServerStartTest(tf.test.TestCase):
         rf"^ps 0 cannot listen on port {port} \(127\.0\.0\.1:{port}\): "
         r"Address already in use; another process holds it"):
       server_lib.start_server(info)
+
+
+class _Stop:
+  """Stands in for stops.StopRequest (whose real one arms a forced exit)."""
+
+  def __init__(self, requested=False, grace_secs=20.0):
+    self.requested = requested
+    self.grace_secs = grace_secs
+    self.signal_name = "SIGTERM"
+
+  def exit_status(self):
+    return 143
+
+
+class PsLifecycleTest(tf.test.TestCase):
+  """run_ps never waits forever: vanished workers and stop requests end it."""
+
+  def run_ps(self, stop, wait_timeout_secs=60.0):
+    ps_port, *worker_ports = testutil.pick_free_ports(3)  # Nobody listens on the workers'.
+    info = cluster.from_flags(
+        f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
+    output = io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(output):
+      status = server_lib.run_ps(info, stop, wait_timeout_secs, poll_secs=0.05,
+                                 probe_every_secs=0.1)
+    return status, time.monotonic() - start, output.getvalue().splitlines(), worker_ports
+
+  def test_gives_up_when_no_worker_answers_for_the_bound(self):
+    status, secs, lines, (w0, w1) = self.run_ps(_Stop(), wait_timeout_secs=1.0)
+    self.assertEqual(status, 1)
+    self.assertLess(secs, 30)
+    self.assertEqual(lines[-1], (
+        f"ps 0: giving up: no worker has answered for 1 s (worker 0 at 127.0.0.1:{w0}, "
+        f"worker 1 at 127.0.0.1:{w1}) and 0 of 2 said done (--wait_timeout_secs); exiting "
+        "with status 1"))
+
+  def test_a_stop_request_ends_it_at_once_when_no_worker_answers(self):
+    status, secs, lines, _ = self.run_ps(_Stop(requested=True))
+    self.assertEqual(status, 143)
+    self.assertLess(secs, 30)
+    self.assertEqual(lines[-1], "ps 0: stopped on SIGTERM with 0 of 2 worker(s) done")
 
 
 class SyncTestCase(tf.test.TestCase):

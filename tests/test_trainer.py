@@ -7,6 +7,7 @@ import os
 import tempfile
 
 from absl.testing import absltest
+import numpy as np
 import tensorflow as tf
 
 from ps_trainer import data
@@ -78,6 +79,33 @@ class LocalTrainingTest(absltest.TestCase):
         "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3",
         "--job_name=worker", "--task_index=1")
     self.assertEqual(trainer.examples_per_global_step(sync_cfg), 64)
+
+
+class DivergenceTest(absltest.TestCase):
+  """A NaN or Inf loss stops the run before it spoils the model or a checkpoint."""
+
+  def test_nan_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(self):
+    log_dir = testutil.make_tempdir(self)
+    cfg = testutil.make_config(f"--log_dir={log_dir}", "--optimizer=sgd",
+                               "--learning_rate=1e30", "--train_steps=500",
+                               "--save_checkpoints_steps=1")
+    with contextlib.redirect_stdout(io.StringIO()):
+      with self.assertRaises(trainer.Diverged) as raised:
+        trainer.train(cfg, data.load("digits"))
+    newest = tf.train.latest_checkpoint(log_dir)
+    self.assertIsNotNone(newest)
+    self.assertRegex(
+        str(raised.exception),
+        r"^the training loss became NaN or Inf at global step \d+; training stopped before "
+        r"that step changed any variable\. Lower --learning_rate \(now 1e\+30\); the last "
+        rf"good checkpoint is {newest}$")
+    self.assertFalse(os.path.exists(os.path.join(log_dir, "result.json")))
+    # Every value in the newest checkpoint is a number: training can go on from it.
+    reader = tf.train.load_checkpoint(newest)
+    for name in reader.get_variable_to_shape_map():
+      value = reader.get_tensor(name)
+      if hasattr(value, "dtype") and value.dtype.kind == "f":
+        self.assertTrue(np.isfinite(value).all(), name)
 
 
 class ChiefRestartTest(absltest.TestCase):

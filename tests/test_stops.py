@@ -1,0 +1,141 @@
+"""Stop requests, the stall watch, and waits that end on a stop (no servers)."""
+
+import contextlib
+import io
+import signal
+import time
+
+from absl.testing import absltest
+
+from ps_trainer import hooks
+from ps_trainer import stops
+from ps_trainer import waits
+
+
+class _RecordingStop(stops.StopRequest):
+  """A StopRequest whose forced exit is recorded instead of ending the process."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.forced = []
+
+  def force_exit(self, reason, status):
+    self.forced.append((reason, status))
+
+
+class StopRequestTest(absltest.TestCase):
+
+  def request(self, stop, signum):
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      stop.request(signum)
+    self.addCleanup(stop.ended)
+    return output.getvalue()
+
+  def test_a_signal_requests_a_stop_and_says_so(self):
+    stop = stops.StopRequest("chief", "stopping after the current step")
+    self.assertFalse(stop.requested)
+    said = self.request(stop, signal.SIGTERM)
+    self.assertTrue(stop.requested)
+    self.assertEqual(stop.signal_name, "SIGTERM")
+    self.assertEqual(stop.exit_status(), 143)
+    self.assertEqual(said, "chief: got SIGTERM: stopping after the current step "
+                     "(at most 20 s)\n")
+
+  def test_a_second_signal_is_the_same_request(self):
+    # Ctrl-C reaches every task, then launch.sh sends SIGTERM: the first stands.
+    stop = stops.StopRequest("ps 0", "stopping once the workers are done")
+    self.request(stop, signal.SIGINT)
+    said = self.request(stop, signal.SIGTERM)
+    self.assertRegex(said, r"^ps 0: got SIGTERM: already stopping \(at most 20 s more\)\n$")
+    self.assertEqual(stop.signal_name, "SIGINT")
+    self.assertEqual(stop.exit_status(), 130)
+
+  def test_a_stop_that_takes_too_long_is_forced_after_the_grace_period(self):
+    stop = _RecordingStop("worker 1", grace_secs=0.2)
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGINT)
+      deadline = time.monotonic() + 10
+      while not stop.forced and time.monotonic() < deadline:
+        time.sleep(0.05)
+    self.assertEqual(stop.forced, [(
+        "still not stopped 0 s after SIGINT (blocked waiting for another task)", 130)])
+
+  def test_a_task_that_ended_is_not_forced(self):
+    stop = _RecordingStop("worker 1", grace_secs=0.2)
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGINT)
+    stop.ended()
+    time.sleep(0.5)
+    self.assertEqual(stop.forced, [])
+
+
+class WaitStopsTest(absltest.TestCase):
+
+  def test_a_requested_stop_ends_a_wait(self):
+    stop = stops.StopRequest("worker 1")
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGTERM)
+    self.addCleanup(stop.ended)
+    with self.assertRaisesRegex(waits.Stopped,
+                                r"^stopped on SIGTERM while waiting for ps 0 at h:1$"):
+      waits.wait_until(lambda: False, "ps 0 at h:1", timeout_secs=60, stop=stop,
+                       sleep=lambda secs: None)
+
+  def test_note_at_once_names_whom_it_waits_for_before_the_first_pause(self):
+    polls = iter([False, False, True])
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      waits.wait_until(lambda: next(polls), "ps 0 at h:1", timeout_secs=60,
+                       note_at_once=True, sleep=lambda secs: None)
+    self.assertEqual(output.getvalue(),
+                     "waiting for ps 0 at h:1 (giving up after 60 s)\n")
+
+  def test_unreachable_names_the_addresses_that_refuse(self):
+    import testutil  # pylint: disable=g-import-not-at-top
+    port, = testutil.pick_free_ports(1)
+    self.assertEqual(waits.unreachable({"worker 1": f"127.0.0.1:{port}"}),
+                     [f"worker 1 at 127.0.0.1:{port}"])
+
+
+class StallWatchHookTest(absltest.TestCase):
+
+  def test_a_long_step_is_named_and_then_given_up(self):
+    stop = _RecordingStop("chief")
+    hook = hooks.StallWatchHook(stop, lambda: "the gradients of worker 1 (not answering)",
+                                timeout_secs=0.6, note_every_secs=0.2, poll_secs=0.05)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.after_create_session(None, None)
+      hook.before_run(None)  # A step that never returns.
+      deadline = time.monotonic() + 10
+      while not stop.forced and time.monotonic() < deadline:
+        time.sleep(0.05)
+      hook.end(None)
+    notes = output.getvalue().splitlines()
+    self.assertNotEmpty(notes)
+    self.assertRegex(notes[0], r"^chief: this step has waited 0 s for the gradients of worker 1 "
+                     r"\(not answering\); giving up after 1 s$")
+    (reason, status), = stop.forced
+    self.assertEqual(status, 1)
+    self.assertRegex(reason, r"^gave up after a step waited \d s for the gradients of worker 1 "
+                     r"\(not answering\) \(--wait_timeout_secs=1\); the newest checkpoint is kept")
+
+  def test_steps_that_finish_are_not_reported(self):
+    stop = _RecordingStop("worker 1")
+    hook = hooks.StallWatchHook(stop, lambda: "x", timeout_secs=0.5, note_every_secs=0.2,
+                                poll_secs=0.05)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.after_create_session(None, None)
+      for _ in range(10):
+        hook.before_run(None)
+        time.sleep(0.1)
+        hook.after_run(None, None)
+      hook.end(None)
+    self.assertEqual(output.getvalue(), "")
+    self.assertEqual(stop.forced, [])
+
+
+if __name__ == "__main__":
+  absltest.main()
