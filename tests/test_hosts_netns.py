@@ -27,7 +27,7 @@ import testutil
 PORT = 2222
 # (host, job, task index); host i has address .(i+1) of the subnet.
 TASKS = (("ps0", "ps", 0), ("worker0", "worker", 0), ("worker1", "worker", 1))
-LINK_DOWN_SECS = 8
+LINK_DOWN_SECS = 10  # the "cut off the network for ~10 s"
 # TensorFlow start-up of three processes on 2 cores, up to the first progress line.
 START_TIMEOUT_SECS = 120
 # From the start (or from the link's return) to the end of every task.
