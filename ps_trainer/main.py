@@ -15,7 +15,6 @@ machine. Flags: --helpfull.
 """
 
 import os
-import socket
 import sys
 import tempfile
 
@@ -58,30 +57,24 @@ def main(argv) -> int:
   if cfg.cluster is not None and cfg.cluster.job_name == "evaluator":
     _fail("evaluator tasks (--job_name or TF_CONFIG task type \"evaluator\") "
           "are not supported yet; run ps, worker or chief tasks")
-  if cfg.is_chief:
-    _check_log_dir(cfg.train.log_dir)
-  if cfg.cluster is not None:
-    _warn_if_exposed(cfg.cluster)
-  return _run_task(cfg)
+  created = _check_log_dir(cfg.train.log_dir) if cfg.is_chief else []
+  try:
+    return _run_task(cfg)
+  finally:
+    _remove_if_empty(created)
 
 
-def _warn_if_exposed(info) -> None:
-  """One line on what this task's server exposes (README: Security).
+def _check_log_dir(log_dir: str) -> list:
+  """Fails in one line now, not after training, if --log_dir is unusable.
 
-  Not in a network namespace with loopback only (`launch.sh local`), where
-  nothing outside this machine's private namespace can reach it.
+  Returns:
+    The directories it created, deepest first.
   """
-  if [name for _, name in socket.if_nameindex()] == ["lo"]:
-    return
-  port = info.address.rpartition(":")[2]
-  print(f"ps_trainer: warning: this task's TensorFlow server listens on port "
-        f"{port} of every network interface, without authentication: anyone "
-        "who can reach it can run code as this user; keep the cluster on a "
-        "trusted network (README: Security)", file=sys.stderr, flush=True)
-
-
-def _check_log_dir(log_dir: str) -> None:
-  """Fails in one line now, not after training, if --log_dir is unusable."""
+  created = []
+  path = os.path.abspath(log_dir)
+  while not os.path.exists(path):
+    created.append(path)
+    path = os.path.dirname(path)
   try:
     os.makedirs(log_dir, exist_ok=True)
     with tempfile.TemporaryFile(dir=log_dir):
@@ -89,6 +82,16 @@ def _check_log_dir(log_dir: str) -> None:
   except OSError as e:
     _fail(f"--log_dir={log_dir}: cannot write there ({e.strerror}); pass a "
           "directory this user can create and write")
+  return created
+
+
+def _remove_if_empty(directories: list) -> None:
+  """A run that failed before writing anything leaves no empty log dir behind."""
+  for directory in directories:
+    try:
+      os.rmdir(directory)
+    except OSError:
+      return  # Not empty: it holds the run's files (and so do its parents).
 
 
 def _import_tensorflow_quietly():

@@ -8,6 +8,7 @@ other workers have finished (see sync.py).
 """
 
 import socket
+import sys
 import time
 
 from absl import logging
@@ -61,13 +62,30 @@ def start_server(info: cluster_lib.ClusterInfo) -> tf.compat.v1.train.Server:
     # under a name the session's cluster uses; boot under a neutral one.
     spec, job, index = tf.train.ClusterSpec({"boot": [info.address]}), "boot", 0
   try:
-    return tf.compat.v1.train.Server(spec, job_name=job, task_index=index,
-                                     config=session_config(info), start=True)
+    server = tf.compat.v1.train.Server(spec, job_name=job, task_index=index,
+                                       config=session_config(info), start=True)
   except (tf.errors.UnknownError, tf.errors.InvalidArgumentError) as e:
     reason = str(e).splitlines()[0]
     raise ServerError(
         f"cannot start the {info.job_name} {info.task_index} server on "
         f"{info.address}: {reason} (is the port already in use?)") from None
+  _warn_if_exposed(info)
+  return server
+
+
+def _warn_if_exposed(info: cluster_lib.ClusterInfo) -> None:
+  """One line on what a listening server exposes (README: Security).
+
+  Not in a network namespace with loopback only (`launch.sh local`), where
+  nothing outside this machine's private namespace can reach it.
+  """
+  if [name for _, name in socket.if_nameindex()] == ["lo"]:
+    return
+  port = info.address.rpartition(":")[2]
+  print(f"ps_trainer: warning: this task's TensorFlow server listens on port "
+        f"{port} of every network interface, without authentication: anyone "
+        "who can reach it can run code as this user; keep the cluster on a "
+        "trusted network (README: Security)", file=sys.stderr, flush=True)
 
 
 def done_flags(ps_index: int, num_workers: int) -> tf.Variable:

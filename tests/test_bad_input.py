@@ -235,6 +235,8 @@ class BadInputTest(parameterized.TestCase):
     self.assertTrue(line.startswith(_PREFIX), f"the line does not start with {_PREFIX!r}{where}")
     for word in words:
       self.assertIn(word.format(**values), line, where)
+    # A local run that failed leaves no empty runs/local-<time> behind.
+    self.assertFalse(os.path.exists(os.path.join(tmp, "runs")), where)
 
 
 if __name__ == "__main__":
