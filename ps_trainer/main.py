@@ -122,6 +122,7 @@ def _run_task(cfg) -> int:
   stop = _receive_stop_signals(cfg)
   tf = _import_tensorflow_quietly()
   from ps_trainer import data
+  from ps_trainer import errors
   from ps_trainer import models
   from ps_trainer import run_signature
   from ps_trainer import server as server_lib
@@ -152,14 +153,14 @@ def _run_task(cfg) -> int:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
     return stop.exit_status()
   except tf.errors.ResourceExhaustedError as e:
-    _fail(f"out of memory ({_first_line(e.message)}); the model is too large "
+    _fail(f"out of memory ({errors.first_line(e.message)}); the model is too large "
           "for this host: lower --hidden_units or --batch_size")
   except tf.errors.OpError as e:
     if os.environ.get("PS_TRAINER_TRACEBACK"):
       raise
     where = f" at {e.op.name}" if e.op is not None else ""
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
-          f"{_first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
+          f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
           "traceback)", status=1)
 
 
@@ -174,16 +175,6 @@ def _receive_stop_signals(cfg):
   stop = stops.StopRequest(cfg.task_name, how)
   stop.install()
   return stop
-
-
-def _first_line(text: str) -> str:
-  """The line of a TF error message that says what went wrong."""
-  framing = ("Graph execution error", "Detected at node", "Node:", "File ")
-  for line in text.splitlines():
-    line = line.strip()
-    if line and not line.startswith(framing):
-      return line
-  return "no details"
 
 
 def _describe(cfg) -> str:

@@ -12,6 +12,8 @@ import zlib
 
 import numpy as np
 
+from ps_trainer import errors
+
 
 class DataError(ValueError):
   """Bad data input.
@@ -38,10 +40,8 @@ _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _first_line(error):
-  """Returns an exception's text as one line (some carry multi-line text)."""
-  text = str(error).strip().splitlines()
-  return text[0] if text else type(error).__name__
+def _reason(error: Exception) -> str:
+  return errors.first_line(str(error), type(error).__name__)
 
 
 def mnist_candidates(name):
@@ -104,7 +104,7 @@ def _read_maybe_gzipped(path, context):
     return gzip.decompress(raw)
   except (OSError, EOFError, zlib.error) as e:
     raise DataError(
-        f"{path}: corrupt gzip data ({_first_line(e)}); expected a plain or "
+        f"{path}: corrupt gzip data ({_reason(e)}); expected a plain or "
         f"intact gzipped IDX file ({context})") from e
 
 
@@ -232,7 +232,7 @@ def read_npz(path, label, context):
   try:
     archive = np.load(path, allow_pickle=False)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-    raise DataError(f"{label}: not a valid .npz archive ({_first_line(e)}); "
+    raise DataError(f"{label}: not a valid .npz archive ({_reason(e)}); "
                     f"{needs}") from e
   if not isinstance(archive, np.lib.npyio.NpzFile):
     raise DataError(f"{label}: holds a single .npy array, not an .npz "
@@ -251,7 +251,7 @@ def read_npz(path, label, context):
       except (OSError, ValueError, EOFError, zipfile.BadZipFile,
               zlib.error) as e:
         raise DataError(f"{label}: cannot read array {key!r} "
-                        f"({_first_line(e)}); {needs}") from e
+                        f"({_reason(e)}); {needs}") from e
   for split in ("train", "test"):
     x, y = arrays["x_" + split], arrays["y_" + split]
     arrays["x_" + split] = _check_images(x, f"x_{split}", label)

@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Callable, List
 
+from ps_trainer import errors
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _LAST_RESORT_SECS = 10.0
 
@@ -127,7 +129,5 @@ def _quietly(action, what, who):
   try:
     action()
   except Exception as e:  # pylint: disable=broad-except
-    # TF's messages open with framing lines such as "Graph execution error:".
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-    detail = next((l for l in lines if not l.endswith(":")), type(e).__name__)
+    detail = errors.first_line(str(e), type(e).__name__)
     print(f"{who}: {what} failed: {detail}", flush=True)

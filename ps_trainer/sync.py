@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from absl import logging
 import tensorflow as tf
 
+from ps_trainer import errors
 from ps_trainer import waits
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
@@ -69,13 +70,17 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     drain_timeout_secs: bound on the chief's wait for the other replicas.
     stop: the task's StopRequest: a stopping chief waits for the others
       only `stopping_drain_secs`, a bounded part of its grace period.
+    others_gone: () -> True when none of the other replicas answers (they
+      crashed: they will never say done); None when their addresses are
+      unknown.
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,
                session_factory: Callable[[], tf.compat.v1.Session],
                workers_done: Optional[Callable] = None,
                drain_timeout_secs: float = 120.0, stop=None,
-               stopping_drain_secs: float = 8.0):
+               stopping_drain_secs: float = 8.0,
+               others_gone: Optional[Callable[[], bool]] = None):
     self._opt = sync_optimizer
     self._is_chief = is_chief
     self._num_workers = num_workers
@@ -84,6 +89,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._drain_timeout_secs = drain_timeout_secs
     self._stop = stop
     self._stopping_drain_secs = stopping_drain_secs
+    self._others_gone = others_gone
     self._thread = None
     self._sync_session = None
     self._stopping = threading.Event()
@@ -127,7 +133,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
         session.run(self._sync_op)
       except Exception as e:  # pylint: disable=broad-except
         if not self._stopping.is_set():
-          logging.error("sync thread stopped: %s", str(e).splitlines()[0])
+          logging.error("sync thread stopped: %s", errors.first_line(str(e)))
           coord.request_stop(e)
         return
 
@@ -141,10 +147,20 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     if self._workers_done is None:
       return
     others = self._num_workers - 1
+    start = time.monotonic()
 
     def released():
       session.run(self._release_op)
-      return self._workers_done(session) >= others
+      if self._workers_done(session) >= others:
+        return True
+      # A replica that finished says done before it exits; one that answers
+      # no more without saying so has crashed and never will.
+      if (self._others_gone is not None and time.monotonic() - start > 2
+          and self._others_gone()):
+        print(f"chief: {what()}, but none of them answers; ending the run "
+              "without them", flush=True)
+        return True
+      return False
 
     def what():
       return (f"{others - self._workers_done(session)} of {others} other "

@@ -361,14 +361,19 @@ def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
                stop: stops.StopRequest):
   def new_session():
     return tf.compat.v1.Session(target, graph=tg.graph, config=session_config)
-  workers_done = None
+  workers_done = others_gone = None
   if tg.done_signals is not None and cfg.num_workers > 1:
     others_done = tg.done_signals.others_done
     workers_done = lambda session: int(session.run(others_done))
+    others = {name: address
+              for name, address in cfg.cluster.replica_addresses().items()
+              if address != cfg.cluster.address}
+    if others and not cfg.cluster.sparse:
+      others_gone = lambda: len(waits.unreachable(others)) == len(others)
   return sync.SyncReplicasHook(
       tg.sync_optimizer, cfg.is_chief, cfg.num_workers,
       session_factory=new_session if cfg.cluster else None,
-      workers_done=workers_done, stop=stop)
+      workers_done=workers_done, stop=stop, others_gone=others_gone)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:
