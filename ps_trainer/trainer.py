@@ -15,6 +15,7 @@ from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import models
+from ps_trainer import peers
 from ps_trainer import placement
 from ps_trainer import resume
 from ps_trainer import run_signature
@@ -179,17 +180,17 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
   """
   stop = stop or stops.StopRequest(cfg.task_name)
   tg = build_graph(cfg, dataset)
-  info = cfg.cluster
-  session_config = server_lib.session_config(info) if info else None
-  hooks = _hooks(cfg, tg, target, session_config, stop)
-  if info:
-    _add_last_resorts(cfg, tg, target, session_config, stop)
+  session_config = (server_lib.session_config(cfg.cluster) if cfg.cluster
+                    else None)
+  others = peers.Peers(cfg, tg, target, session_config, stop)
+  hooks = _hooks(cfg, tg, target, session_config, stop, others)
+  others.add_last_resorts()
   try:
-    _run_session(cfg, tg, target, session_config, hooks, stop)
+    _run_session(cfg, tg, target, session_config, hooks, others)
   except (Diverged, waits.Stopped):
-    _leave(cfg, tg, target, stop)
+    others.leave()
     raise
-  _leave(cfg, tg, target, stop)
+  others.leave()
   if stop.requested and cfg.is_chief:
     print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
           f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
@@ -198,7 +199,7 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
 
 
 def _run_session(cfg, tg: TrainGraph, target: str, session_config,
-                 hooks: _Hooks, stop: stops.StopRequest) -> None:
+                 hooks: _Hooks, others: peers.Peers) -> None:
   """The session loop: train until a hook says stop."""
   with tg.graph.as_default():
     session = session_lib.monitored_session(
@@ -209,8 +210,7 @@ def _run_session(cfg, tg: TrainGraph, target: str, session_config,
         save_checkpoint_secs=cfg.train.save_checkpoints_secs,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
         save_summaries_steps=SUMMARY_STEPS,
-        before_session=lambda: _wait_for_peers(cfg, tg, target,
-                                               session_config, stop))
+        before_session=others.wait)
     try:
       with session:
         while not session.should_stop():
@@ -219,13 +219,6 @@ def _run_session(cfg, tg: TrainGraph, target: str, session_config,
       if e.op is None or LOSS_CHECK_NAME not in e.op.name:
         raise
       raise Diverged(_diverged_message(cfg, hooks.progress)) from None
-
-
-def _leave(cfg, tg: TrainGraph, target: str, stop: stops.StopRequest):
-  """Tells the PS tasks this replica is done for good (finished or stopped)."""
-  if cfg.cluster:
-    server_lib.signal_done(target, cfg.cluster, tg.done_signals, tg.graph,
-                           timeout_secs=5 if stop.requested else 30)
 
 
 def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
@@ -242,7 +235,7 @@ def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
 
 
 def _hooks(cfg, tg: TrainGraph, target: str, session_config,
-           stop: stops.StopRequest) -> _Hooks:
+           stop: stops.StopRequest, others: peers.Peers) -> _Hooks:
   per_step = examples_per_global_step(cfg)
   throughput = hooks_lib.Throughput(cfg.train.train_steps)
   progress = hooks_lib.ProgressHook(
@@ -255,9 +248,10 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
       hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
   if cfg.cluster:
     every_replica.append(hooks_lib.StallWatchHook(
-        stop, _stall_reason(cfg), cfg.train.wait_timeout_secs))
+        stop, others.stall_reason, cfg.train.wait_timeout_secs))
   if tg.sync_optimizer is not None:
-    every_replica.append(_sync_hook(cfg, tg, target, session_config, stop))
+    every_replica.append(
+        _sync_hook(cfg, tg, target, session_config, stop, others))
   if not cfg.is_chief:
     return _Hooks(every_replica, [], progress, None)
   chief_only = [hooks_lib.PublishHook(
@@ -267,82 +261,6 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
       os.path.join(cfg.train.log_dir, "result.json"), progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result)
-
-
-def _stall_reason(cfg) -> Callable[[], str]:
-  """() -> what a long step waits for: the peers it needs that do not answer."""
-  info = cfg.cluster
-  peers = info.ps_addresses()
-  if cfg.train.sync_replicas:
-    peers.update({name: address
-                  for name, address in info.replica_addresses().items()
-                  if address != info.address})
-  waited_for = ("the gradients of the other workers"
-                if cfg.train.sync_replicas else "the PS tasks")
-
-  def reason():
-    gone = waits.unreachable(peers)
-    if gone:
-      return f"{waited_for}; not answering: {', '.join(gone)}"
-    return f"{waited_for} (every known task answers: a slow or restarting peer?)"
-  return reason
-
-
-def _add_last_resorts(cfg, tg: TrainGraph, target: str, session_config,
-                      stop: stops.StopRequest) -> None:
-  """What a task forced to exit still does: the chief saves, all say done."""
-  if cfg.is_chief:
-    def save_checkpoint():
-      with tf.compat.v1.Session(target, graph=tg.graph,
-                                config=session_config) as session:
-        path = tg.saver.save(
-            session, os.path.join(cfg.train.log_dir, "model.ckpt"),
-            global_step=tg.global_step, write_meta_graph=False)
-      print(f"{cfg.task_name}: wrote a last checkpoint {path}", flush=True)
-    stop.add_last_resort(save_checkpoint, "a last checkpoint")
-  stop.add_last_resort(
-      lambda: server_lib.signal_done(target, cfg.cluster, tg.done_signals,
-                                     tg.graph, timeout_secs=5),
-      "telling the PS tasks this worker is done")
-
-
-def _wait_for_peers(cfg, tg: TrainGraph, target: str, session_config,
-                    stop: stops.StopRequest) -> None:
-  """Before each session: wait, saying so, for the PS tasks, then the chief."""
-  info = cfg.cluster
-  if info is None:
-    return
-  waits.wait_for_addresses(info.ps_addresses(),
-                           timeout_secs=cfg.train.wait_timeout_secs,
-                           stop=stop, note_at_once=True)
-  if not info.is_chief:
-    _wait_for_chief(tg, target, session_config, cfg.train.wait_timeout_secs,
-                    stop)
-
-
-def _wait_for_chief(tg: TrainGraph, target: str, session_config,
-                    timeout_secs: float, stop: stops.StopRequest) -> None:
-  """Waits, saying so, for the chief's model; refuses to join a different job.
-
-  MonitoredTrainingSession would also wait, but checks only every 30 s, so a
-  worker that starts a moment before the chief would miss half a short run.
-
-  Raises:
-    run_signature.MismatchError: this worker's training flags differ from
-      the chief's, which would otherwise hang the job or crash mid-run.
-    waits.WaitTimeout: the chief did not show up in time.
-  """
-  what = "the chief to initialize or restore the model"
-  with tf.compat.v1.Session(target, graph=tg.graph,
-                            config=session_config) as session:
-    waits.wait_until(lambda: session.run(tg.signature_published), what,
-                     timeout_secs, stop=stop)
-    problem = run_signature.mismatch(
-        tg.own_signature, session.run(tg.signature).decode())
-    if problem:
-      raise run_signature.MismatchError(problem)
-    waits.wait_until(waits.uninitialized(session, tg.model_not_ready), what,
-                     timeout_secs, stop=stop)
 
 
 def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
@@ -358,22 +276,18 @@ def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
 
 
 def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
-               stop: stops.StopRequest):
+               stop: stops.StopRequest, others: peers.Peers):
   def new_session():
     return tf.compat.v1.Session(target, graph=tg.graph, config=session_config)
-  workers_done = others_gone = None
+  workers_done = None
   if tg.done_signals is not None and cfg.num_workers > 1:
     others_done = tg.done_signals.others_done
     workers_done = lambda session: int(session.run(others_done))
-    others = {name: address
-              for name, address in cfg.cluster.replica_addresses().items()
-              if address != cfg.cluster.address}
-    if others and not cfg.cluster.sparse:
-      others_gone = lambda: len(waits.unreachable(others)) == len(others)
   return sync.SyncReplicasHook(
       tg.sync_optimizer, cfg.is_chief, cfg.num_workers,
       session_factory=new_session if cfg.cluster else None,
-      workers_done=workers_done, stop=stop, others_gone=others_gone)
+      workers_done=workers_done, stop=stop,
+      others_gone=others.others_gone if cfg.cluster else None)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:

@@ -1,0 +1,119 @@
+"""A replica and the other tasks: waiting for them, naming the ones a step
+waits for, and what it still owes them when it leaves.
+"""
+
+import os
+
+import tensorflow as tf
+
+from ps_trainer import run_signature
+from ps_trainer import server as server_lib
+from ps_trainer import waits
+
+
+class Peers:
+  """One replica's view of the rest of the cluster; inert in local mode.
+
+  Args:
+    cfg: the run's configuration.
+    tg: the replica's trainer.TrainGraph.
+    target: this task's server target.
+    session_config: the task's ConfigProto.
+    stop: the task's stops.StopRequest.
+  """
+
+  def __init__(self, cfg, tg, target: str, session_config, stop):
+    self._cfg = cfg
+    self._info = cfg.cluster
+    self._tg = tg
+    self._target = target
+    self._session_config = session_config
+    self._stop = stop
+    self._timeout = cfg.train.wait_timeout_secs
+
+  def wait(self) -> None:
+    """Before each session: waits, saying so, for the PS tasks, then the chief.
+
+    Raises:
+      run_signature.MismatchError: this worker's training flags differ from
+        the chief's, which would otherwise hang the job or crash mid-run.
+      waits.WaitTimeout: they did not answer within --wait_timeout_secs.
+      waits.Stopped: a stop was requested meanwhile.
+    """
+    if self._info is None:
+      return
+    waits.wait_for_addresses(self._info.ps_addresses(), self._timeout,
+                             stop=self._stop, note_at_once=True)
+    if not self._info.is_chief:
+      self._wait_for_chief()
+
+  def _wait_for_chief(self) -> None:
+    """MonitoredTrainingSession would wait too, but checks only every 30 s,
+    so a worker that starts a moment before the chief would miss half a
+    short run."""
+    tg = self._tg
+    what = "the chief to initialize or restore the model"
+    with tf.compat.v1.Session(self._target, graph=tg.graph,
+                              config=self._session_config) as session:
+      waits.wait_until(lambda: session.run(tg.signature_published), what,
+                       self._timeout, stop=self._stop)
+      problem = run_signature.mismatch(
+          tg.own_signature, session.run(tg.signature).decode())
+      if problem:
+        raise run_signature.MismatchError(problem)
+      waits.wait_until(waits.uninitialized(session, tg.model_not_ready), what,
+                       self._timeout, stop=self._stop)
+
+  def stall_reason(self) -> str:
+    """What a long step waits for: the peers it needs that do not answer."""
+    needed = self._info.ps_addresses()
+    waited_for = "the PS tasks"
+    if self._cfg.train.sync_replicas:
+      needed.update(self.other_replicas())
+      waited_for = "the gradients of the other workers"
+    gone = waits.unreachable(needed)
+    if gone:
+      return f"{waited_for}; not answering: {', '.join(gone)}"
+    return f"{waited_for} (every known task answers: a slow or restarting peer?)"
+
+  def other_replicas(self) -> dict:
+    """{name: address} of the other training replicas this task knows."""
+    return {name: address
+            for name, address in self._info.replica_addresses().items()
+            if address != self._info.address}
+
+  def others_gone(self) -> bool:
+    """True when none of the other replicas answers (they crashed).
+
+    False when this task knows none of them (a sparse TF_CONFIG).
+    """
+    others = self.other_replicas()
+    return bool(others) and len(waits.unreachable(others)) == len(others)
+
+  def add_last_resorts(self) -> None:
+    """What a task forced to exit still does: the chief saves, all say done."""
+    if self._info is None:
+      return
+    if self._info.is_chief:
+      self._stop.add_last_resort(self._save_checkpoint, "a last checkpoint")
+    self._stop.add_last_resort(
+        lambda: self._signal_done(timeout_secs=5),
+        "telling the PS tasks this worker is done")
+
+  def _save_checkpoint(self) -> None:
+    tg = self._tg
+    with tf.compat.v1.Session(self._target, graph=tg.graph,
+                              config=self._session_config) as session:
+      path = tg.saver.save(
+          session, os.path.join(self._cfg.train.log_dir, "model.ckpt"),
+          global_step=tg.global_step, write_meta_graph=False)
+    print(f"{self._cfg.task_name}: wrote a last checkpoint {path}", flush=True)
+
+  def leave(self) -> None:
+    """Tells the PS tasks this replica is done for good (finished or stopped)."""
+    if self._info is not None:
+      self._signal_done(timeout_secs=5 if self._stop.requested else 30)
+
+  def _signal_done(self, timeout_secs: float) -> None:
+    server_lib.signal_done(self._target, self._info, self._tg.done_signals,
+                           self._tg.graph, timeout_secs=timeout_secs)
