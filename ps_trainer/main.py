@@ -153,8 +153,8 @@ def _run_task(cfg) -> int:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
     return stop.exit_status()
   except tf.errors.ResourceExhaustedError as e:
-    _fail(f"out of memory ({errors.first_line(e.message)}); the model is too large "
-          "for this host: lower --hidden_units or --batch_size")
+    _fail(f"out of memory ({errors.first_line(e.message)}); the model is too "
+          "large for this host: lower --hidden_units or --batch_size")
   except tf.errors.OpError as e:
     if os.environ.get("PS_TRAINER_TRACEBACK"):
       raise

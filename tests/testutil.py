@@ -94,14 +94,19 @@ def _tail(path: str, lines: int) -> str:
 
 
 class Process:
-  """A command started with its own process group and stdout+stderr in a log file."""
+  """A command started with its own process group and stdout+stderr in a log file.
 
-  def __init__(self, args: Sequence[str], log_path: str, env=None, cwd=None, name=None):
+  The log is truncated first, unless append is true (a task restarted with the same command
+  then adds to the log of its previous run).
+  """
+
+  def __init__(self, args: Sequence[str], log_path: str, env=None, cwd=None, name=None,
+               append: bool = False):
     self.args = [str(a) for a in args]
     self.log_path = str(log_path)
     self.name = name or os.path.basename(self.args[0])
     os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
-    with open(self.log_path, "wb") as log:
+    with open(self.log_path, "ab" if append else "wb") as log:
       # start_new_session: its own process group, which holds everything it starts (a launcher's
       # tasks too), so a timeout can end the whole tree and Ctrl-C in the test's terminal stays out.
       self.popen = subprocess.Popen(
@@ -152,9 +157,13 @@ class Process:
           f"command: {' '.join(self.args)}\n{self.log_tail()}") from None
 
 
-def start(args: Sequence[str], log_path: str, env=None, cwd=None, name=None) -> Process:
-  """Starts args in a new process group, output to log_path; env defaults to trainer_env()."""
-  return Process(args, log_path, env=env, cwd=cwd, name=name)
+def start(args: Sequence[str], log_path: str, env=None, cwd=None, name=None,
+          append: bool = False) -> Process:
+  """Starts args in a new process group, output to log_path; env defaults to trainer_env().
+
+  append: add to log_path instead of truncating it (a restarted task keeps its earlier log).
+  """
+  return Process(args, log_path, env=env, cwd=cwd, name=name, append=append)
 
 
 def _proc_state(pid: int) -> Optional[str]:
