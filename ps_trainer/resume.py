@@ -23,14 +23,23 @@ class ChiefStart:
     model_variables: what a checkpoint holds and the init op initializes.
     not_ready: waits.report_uninitialized(model_variables).
     global_step: to say where a kept model stands.
+    sync: whether SyncReplicasOptimizer's accumulators live on the PS tasks.
+      A chief killed between its sync thread's take_grad (which advances the
+      accumulators' step) and the update of the global step leaves the
+      accumulators one step ahead; they refuse to go back, and would drop
+      every gradient of the kept step as stale, forever. Keeping the model
+      then moves the global step on by one.
   """
 
-  def __init__(self, model_variables, not_ready, global_step):
+  def __init__(self, model_variables, not_ready, global_step,
+               sync: bool = False):
     self._model_variables = list(model_variables)
     self._not_ready = not_ready
     self._initialize = tf.compat.v1.variables_initializer(
         self._model_variables)
     self._global_step = global_step
+    self._step_past_accumulators = (
+        tf.compat.v1.assign_add(global_step, 1) if sync else None)
 
   def model_is_live(self, session) -> bool:
     """True if every model variable already has a value on its PS."""
@@ -52,6 +61,8 @@ class ChiefStart:
     step = int(session.run(self._global_step))
     print(f"chief: the PS tasks still hold the model at global step {step}; "
           "keeping it rather than a checkpoint or fresh weights", flush=True)
+    if self._step_past_accumulators is not None:
+      session.run(self._step_past_accumulators)
     return True
 
 

@@ -10,6 +10,7 @@ other workers have finished (see sync.py).
 import socket
 import sys
 import time
+from typing import Optional
 
 from absl import logging
 import tensorflow as tf
@@ -219,16 +220,17 @@ class _WorkerWatch:
   """
 
   def __init__(self, info, timeout_secs, probe_every_secs, clock,
-               note_every_secs: float = 60.0):
+               note_every_secs: Optional[float] = None):
     self._who = f"ps {info.task_index}"
     self._workers = {} if info.sparse else info.replica_addresses()
     self._timeout = timeout_secs
     self._probe_every = probe_every_secs
-    self._note_every = note_every_secs
+    # Often enough to be seen before a short bound runs out.
+    self._note_every = note_every_secs or min(60.0, max(10.0, timeout_secs / 4))
     self._last_answer = clock()
     self._last_probe = None
     self._answering = True
-    self._next_note = self._last_answer + note_every_secs
+    self._next_note = self._last_answer + self._note_every
 
   def any_answering(self, now) -> bool:
     if not self._workers:

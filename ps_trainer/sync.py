@@ -134,7 +134,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       except Exception as e:  # pylint: disable=broad-except
         if not self._stopping.is_set():
           logging.error("sync thread stopped: %s", errors.first_line(str(e)))
-          coord.request_stop(e)
+          try:
+            coord.request_stop(e)
+          except Exception:  # pylint: disable=broad-except
+            pass  # Already joined: the session is being recovered anyway.
         return
 
   def end(self, session):

@@ -113,7 +113,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
     with tf.compat.v1.device(info.task_device if info else None):
       model_not_ready = waits.report_uninitialized(model_variables)
       chief_start = resume.ChiefStart(model_variables, model_not_ready,
-                                      global_step)
+                                      global_step,
+                                      sync=cfg.train.sync_replicas)
       # Not sharded: the chief writes the whole checkpoint into its own
       # --log_dir, so bare hosts need no shared file system.
       saver = chief_start.saver(sharded=False, max_to_keep=5)

@@ -1,0 +1,429 @@
+"""Fault injection: kill -9 one task of a running job, restart it with the same command.
+
+A 1 PS + 2 worker job on 127.0.0.1, each task started as a user starts it (`python -m ps_trainer`
+with its role flags, in its own process group, logging to <log_dir>/logs/<task>.log). Once the
+chief has logged global step KILL_AT_STEP and written a checkpoint past step 0, the test sends
+SIGKILL to one task's process group, notes the newest checkpoint, waits DOWN_SECS and starts the
+task again with exactly the same command (its log grows on). For each victim (worker 1, the chief,
+the PS), async and sync:
+
+- every task exits 0 in the end, and result.json reports at least --train_steps (exactly, in sync);
+- the global step never goes back below the newest checkpoint at the kill: every step a worker
+  prints after the kill is at or above it; after a worker or chief kill, each worker's printed
+  steps never decrease over its whole log (restarts included); after a PS kill, they go back at
+  most to that checkpoint and then never decrease again;
+- the restart happened as the README promises: a restarted worker 1 starts at the job's global step
+  (at or past where it stood, not at 0 or a checkpoint) while the chief goes on in the session it
+  had; a restarted chief keeps the model the PS still holds, at or past where it stood; after a PS
+  restart both workers say they lost their session and start new ones, the chief's at the newest
+  checkpoint (restored, not fresh weights, not an older checkpoint).
+
+In sync mode every step needs both workers and the PS, so the job stands still while the victim is
+down; in async mode the surviving worker trains on, so --train_steps leaves it enough work to still
+be training when the victim is back. After a chief kill in async mode worker 1 may finish the whole
+job alone; the restarted chief must still exit 0 and write result.json.
+
+Every wait is bounded; a failure names each task's status (the killed run's too), a timeline of the
+run and the tail of each log.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import testutil
+
+# (task name, its role flags); worker 0 is the chief.
+TASKS = (("ps-0", ("--job_name=ps", "--task_index=0")),
+         ("worker-0", ("--job_name=worker", "--task_index=0")),
+         ("worker-1", ("--job_name=worker", "--task_index=1")))
+CHIEF = "worker-0"
+WORKERS = ("worker-0", "worker-1")
+# The chief's logged global step at which the victim is killed: past start-up, in steady training.
+KILL_AT_STEP = 300
+# Between the SIGKILL and the restart.
+DOWN_SECS = 2.0
+# The whole run, start to the last exit; TF start-up is 3-10 s per process on 2 cores.
+RUN_TIMEOUT_SECS = 240
+# --wait_timeout_secs of every task: well above the longest wait a restart causes (a step blocked
+# from the kill until the victim is back, ~10-30 s), well below RUN_TIMEOUT_SECS, so a job that
+# never resumes ends by itself, its tasks saying what they waited for.
+WAIT_TIMEOUT_SECS = 90
+# From the start to the kill (three TF start-ups and KILL_AT_STEP steps).
+START_TIMEOUT_SECS = 120
+# Once a task has failed, how long the others get to end before the test gives up on them.
+AFTER_FAILURE_SECS = 45
+POLL_SECS = 0.2
+# TF's benign warnings at each step's clean-up: noise in timelines and tails.
+NOISE = ("local_rendezvous.cc",)
+# A line naming the global step a worker stands at: progress, a session's start, the chief keeping
+# the PS's model.
+STEP_LINE = re.compile(
+    r"^(?:(?:chief|worker \d+): step (?P<progress>\d+)/\d+"
+    r"|(?:chief|worker \d+): starting at global step (?P<start>\d+) of \d+"
+    r"|chief: the PS tasks still hold the model at global step (?P<kept>\d+); keeping it)")
+PROGRESS = re.compile(r"^(?:chief|worker \d+): step (\d+)/")
+CHECKPOINT_PATH = re.compile(r'^model_checkpoint_path:\s*"(?P<path>[^"]*)"', re.MULTILINE)
+CHECKPOINT_STEP = re.compile(r"model\.ckpt-(\d+)$")
+
+
+def newest_checkpoint_step(log_dir: str) -> Optional[int]:
+  """The step of <log_dir>/checkpoint's model_checkpoint_path, or None without one."""
+  try:
+    with open(os.path.join(log_dir, "checkpoint"), encoding="utf-8") as f:
+      text = f.read()
+  except OSError:
+    return None
+  path = CHECKPOINT_PATH.search(text)
+  step = CHECKPOINT_STEP.search(path.group("path")) if path else None
+  return int(step.group(1)) if step else None
+
+
+class StepLine:
+  """A log line naming a global step, where it is in the log."""
+
+  def __init__(self, offset: int, line: str, kind: str, step: int):
+    self.offset, self.line, self.kind, self.step = offset, line, kind, step
+
+  def __repr__(self):
+    return f"{self.line!r} (byte {self.offset})"
+
+
+class FaultyCluster:
+  """The three tasks of one job, killed and restarted on demand, watched with a timeline."""
+
+  def __init__(self, test: absltest.TestCase, log_dir: str, flags: List[str]):
+    self.test, self.log_dir, self.flags = test, log_dir, list(flags)
+    hosts = testutil.cluster_hosts(num_ps=1, num_workers=2)
+    self.common = [testutil.PYTHON, "-m", "ps_trainer", f"--ps_hosts={hosts['ps_hosts']}",
+                   f"--worker_hosts={hosts['worker_hosts']}", f"--log_dir={log_dir}",
+                   *self.flags]
+    self.t0 = time.monotonic()
+    self.events: List[str] = []
+    self.procs: Dict[str, testutil.Process] = {}
+    # Runs that were killed: name -> (process, exit status).
+    self.killed: Dict[str, Tuple[testutil.Process, Optional[int]]] = {}
+    self.exit_secs: Dict[str, float] = {}
+    # Each log's size right after the kill: what follows was printed after it.
+    self.kill_offsets: Dict[str, int] = {}
+    self._seen: Dict[str, int] = {}
+    self._last_progress: Dict[str, float] = {}
+    for name, _ in TASKS:
+      self.start(name)
+    self.note(f"started {', '.join(self.procs)} with {' '.join(self.flags)}")
+
+  def argv(self, name: str) -> List[str]:
+    return self.common + list(dict(TASKS)[name])
+
+  def log_path(self, name: str) -> str:
+    return os.path.join(self.log_dir, "logs", f"{name}.log")
+
+  def start(self, name: str, append: bool = False) -> None:
+    proc = testutil.start(self.argv(name), self.log_path(name), name=name, append=append)
+    self.test.addCleanup(proc.kill_group)
+    self.procs[name] = proc
+    self._seen.setdefault(name, 0)
+
+  def secs(self) -> float:
+    return time.monotonic() - self.t0
+
+  def note(self, text: str) -> None:
+    self.events.append(f"{self.secs():6.1f} s  {text}")
+
+  def raw(self, name: str) -> bytes:
+    """name's whole log (every run of it), up to its last complete line."""
+    try:
+      with open(self.log_path(name), "rb") as f:
+        data = f.read()
+    except OSError:
+      return b""
+    return data[:data.rfind(b"\n") + 1]
+
+  def text(self, name: str) -> str:
+    return self.raw(name).decode("utf-8", "replace")
+
+  def text_after_kill(self, name: str) -> str:
+    """What name's log gained after the kill (the restarted run's, for the victim)."""
+    return self.raw(name)[self.kill_offsets[name]:].decode("utf-8", "replace")
+
+  def lines(self, name: str) -> List[str]:
+    """name's log without TF's clean-up noise."""
+    return [l for l in self.text(name).splitlines() if not any(n in l for n in NOISE)]
+
+  def step_lines(self, name: str) -> List[StepLine]:
+    """Every line of name's log that names a global step, in order."""
+    out, offset = [], 0
+    for raw_line in self.raw(name).splitlines(keepends=True):
+      line = raw_line.decode("utf-8", "replace").rstrip("\n")
+      match = STEP_LINE.match(line)
+      if match:
+        kind = next(k for k, v in match.groupdict().items() if v is not None)
+        out.append(StepLine(offset, line, kind, int(match.group(kind))))
+      offset += len(raw_line)
+    return out
+
+  def last_step(self, name: str) -> Optional[int]:
+    steps = self.step_lines(name)
+    return steps[-1].step if steps else None
+
+  def poll(self) -> None:
+    """Adds new log lines and exits to the timeline.
+
+    Progress lines only when they are a task's first or come after a gap of more than 2 s, so
+    stalls show and steady training does not flood it.
+    """
+    for name, proc in self.procs.items():
+      lines = self.lines(name)
+      now = self.secs()
+      for line in lines[self._seen[name]:]:
+        if PROGRESS.match(line):
+          last = self._last_progress.get(name)
+          self._last_progress[name] = now
+          if last is not None and now - last <= 2.0:
+            continue
+          gap = "" if last is None else f"   [{now - last:.1f} s after the previous one]"
+          self.note(f"{name}: {line}{gap}")
+        else:
+          self.note(f"{name}: {line}")
+      self._seen[name] = len(lines)
+      if proc.returncode is not None and name not in self.exit_secs:
+        self.exit_secs[name] = now
+        self.note(f"{name} exited with status {proc.returncode}")
+
+  def kill(self, name: str) -> None:
+    """SIGKILL to name's process group; waits (bounded) until it is gone."""
+    self.poll()
+    proc = self.procs[name]
+    proc.signal_group(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while testutil.group_alive(proc.pid) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    try:
+      status = proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      status = None
+    for other, _ in TASKS:
+      try:
+        self.kill_offsets[other] = os.path.getsize(self.log_path(other))
+      except OSError:
+        self.kill_offsets[other] = 0
+    self.killed[name] = (proc, status)
+    self.note(f"{name} KILLED (SIGKILL to its process group; exit status {status})")
+    if status is None:
+      self.fail(f"{name} still runs 10 s after SIGKILL")
+
+  def restart(self, name: str) -> None:
+    """Starts name again with the same command, its output appended to its log."""
+    with open(self.log_path(name), "ab") as log:
+      # A run killed mid-line must not glue its last words to the new run's first.
+      log.write(b"\n")
+    self._seen[name] = len(self.lines(name))
+    self.exit_secs.pop(name, None)
+    self.start(name, append=True)
+    self.note(f"{name} RESTARTED with the same command")
+
+  def report(self, headline: str, tail_lines: int = 30) -> str:
+    """headline, each task's state, the timeline, and the tail of each log."""
+    self.poll()
+    out = [headline, "tasks:"]
+    for name, (proc, status) in self.killed.items():
+      out.append(f"  {name} (first run, pid {proc.pid}): killed, exit status {status}")
+    for name, proc in self.procs.items():
+      rc = proc.returncode
+      state = (f"exited {rc} at {self.exit_secs.get(name, self.secs()):.1f} s" if rc is not None
+               else f"STILL RUNNING at {self.secs():.1f} s")
+      run = "restarted run" if name in self.killed else "run"
+      out.append(f"  {name} ({run}, pid {proc.pid}): {state}")
+    out.append(f"newest checkpoint now: step {newest_checkpoint_step(self.log_dir)}")
+    out.append(self.timeline())
+    for name in self.procs if tail_lines > 0 else ():
+      lines = self.lines(name)[-tail_lines:]
+      out.append(f"--- last {len(lines)} lines of {self.log_path(name)} (without {NOISE} "
+                 "noise) ---")
+      out += [f"  {l}" for l in lines]
+    return "\n".join(out)
+
+  def timeline(self) -> str:
+    return "\n".join(["timeline (s since start):"] + [f"  {e}" for e in self.events])
+
+  def fail(self, headline: str) -> None:
+    self.test.fail(self.report(headline))
+
+  def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+    """Polls until ready(); fails with the report if it takes timeout or a task ends first."""
+    deadline = time.monotonic() + timeout
+    while True:
+      self.poll()
+      if ready():
+        return
+      ended = [n for n, p in self.procs.items() if p.returncode is not None]
+      if ended:
+        self.fail(f"{', '.join(ended)} ended while the test waited for {what}")
+      if time.monotonic() >= deadline:
+        self.fail(f"no {what} within {timeout:.0f} s")
+      time.sleep(POLL_SECS)
+
+  def wait_all(self, timeout: float) -> None:
+    """Waits for every task to end; fails unless every one exits 0.
+
+    Once one fails, the others get AFTER_FAILURE_SECS more, to show whether they end or hang.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+      self.poll()
+      codes = {n: p.returncode for n, p in self.procs.items()}
+      if all(c is not None for c in codes.values()):
+        break
+      if any(c not in (None, 0) for c in codes.values()):
+        deadline = min(deadline, time.monotonic() + AFTER_FAILURE_SECS)
+      if time.monotonic() >= deadline:
+        self.fail(f"tasks still running {timeout:.0f} s after the wait began "
+                  "(killed at the end of the test)")
+      time.sleep(POLL_SECS)
+    failed = {n: c for n, c in codes.items() if c != 0}
+    if failed:
+      self.fail(f"tasks failed: {failed}")
+
+
+# (name, victim, sync, --train_steps). Async rates are ~100-200 global steps/s per worker, sync
+# ~30-80 global steps/s for the job. In async mode the survivor of a worker or chief kill trains on
+# alone while the victim is down (DOWN_SECS plus its TF start-up, ~6-12 s), hence the longer runs;
+# in sync mode, and after a PS kill, nothing moves until the victim is back.
+CASES = (
+    ("worker1_async", "worker-1", False, 5000),
+    ("chief_async", "worker-0", False, 4000),
+    ("ps_async", "ps-0", False, 1200),
+    ("worker1_sync", "worker-1", True, 600),
+    ("chief_sync", "worker-0", True, 600),
+    ("ps_sync", "ps-0", True, 600),
+)
+
+
+class FaultsTest(parameterized.TestCase):
+
+  @parameterized.named_parameters(*CASES)
+  def test_kill9_and_restart(self, victim: str, sync: bool, train_steps: int):
+    log_dir = testutil.make_tempdir(self)
+    flags = [f"--train_steps={train_steps}", "--log_every_steps=50",
+             "--save_checkpoints_secs=1", f"--wait_timeout_secs={WAIT_TIMEOUT_SECS}"]
+    flags += ["--sync_replicas"] if sync else []
+    cluster = FaultyCluster(self, log_dir, flags)
+    run_deadline = time.monotonic() + RUN_TIMEOUT_SECS
+
+    def ready_to_kill():
+      return ((cluster.last_step(CHIEF) or 0) >= KILL_AT_STEP
+              and (newest_checkpoint_step(log_dir) or 0) > 0)
+
+    cluster.wait_until(ready_to_kill, f"chief progress line at global step {KILL_AT_STEP} or "
+                       "later with a checkpoint past step 0", START_TIMEOUT_SECS)
+    last_before = {name: cluster.last_step(name) for name in WORKERS}
+    cluster.kill(victim)
+    checkpoint_at_kill = newest_checkpoint_step(log_dir)
+    cluster.note(f"newest checkpoint at the kill: step {checkpoint_at_kill}; last logged global "
+                 f"steps: chief {last_before[CHIEF]}, worker 1 {last_before['worker-1']}")
+    kill_end = time.monotonic() + DOWN_SECS
+    while time.monotonic() < kill_end:
+      cluster.poll()
+      time.sleep(POLL_SECS)
+    checkpoint_at_restart = newest_checkpoint_step(log_dir)
+    cluster.restart(victim)
+    cluster.wait_all(max(1.0, run_deadline - time.monotonic()))
+
+    if not os.path.exists(os.path.join(log_dir, "result.json")):
+      cluster.fail(f"every task exited 0 but there is no result.json in {log_dir}: "
+                   f"{sorted(os.listdir(log_dir))}")
+    result = testutil.read_result_json(log_dir)
+    summary = cluster.report(f"result.json: {result}")
+    if sync:
+      self.assertEqual(result["global_step"], train_steps, summary)
+    else:
+      self.assertGreaterEqual(result["global_step"], train_steps, summary)
+    self.assertEqual(result["sync_replicas"], sync, summary)
+    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1), summary)
+    self.assertIn("every worker is done; exiting", cluster.procs["ps-0"].read_log(), summary)
+
+    self.check_steps(cluster, victim, checkpoint_at_kill, checkpoint_at_restart, summary)
+    self.check_restart(cluster, victim, sync, train_steps, last_before, checkpoint_at_kill,
+                       checkpoint_at_restart, summary)
+    testutil.assert_no_leftover(marker=log_dir)
+    # Shown by `pytest -rP` and in Bazel's test.log: how long each phase took.
+    print(f"{self.id()}: global step {result['global_step']}, test accuracy "
+          f"{result['accuracy']:.4f}, checkpoint at the kill {checkpoint_at_kill}\n"
+          f"{cluster.timeline()}")
+
+  def check_steps(self, cluster: FaultyCluster, victim: str, checkpoint_at_kill: int,
+                  checkpoint_at_restart: Optional[int], summary: str) -> None:
+    """The global step never goes back below the newest checkpoint at the kill."""
+    for name in WORKERS:
+      lines = cluster.step_lines(name)
+      after = [l for l in lines if l.offset >= cluster.kill_offsets[name]]
+      below = [l for l in after if l.step < checkpoint_at_kill]
+      self.assertEmpty(below, f"{name} printed global steps below the newest checkpoint at the "
+                       f"kill (step {checkpoint_at_kill}) after the kill: {below}\n{summary}")
+      if victim == "ps-0":
+        # The PS's restart loses the model; the chief restores the newest checkpoint.
+        pieces = [[l for l in lines if l.offset < cluster.kill_offsets[name]], after]
+      else:
+        pieces = [lines]
+      for piece in pieces:
+        back = [(a, b) for a, b in zip(piece, piece[1:]) if b.step < a.step]
+        self.assertEmpty(back, f"{name}'s global step went back: {back}\n{summary}")
+    if victim == "ps-0":
+      self.assertGreaterEqual(checkpoint_at_restart, checkpoint_at_kill, summary)
+
+  def check_restart(self, cluster: FaultyCluster, victim: str, sync: bool, train_steps: int,
+                    last_before: Dict[str, Optional[int]], checkpoint_at_kill: int,
+                    checkpoint_at_restart: int, summary: str) -> None:
+    """How each task took up the job again, as the README promises."""
+    after = {name: [l for l in cluster.step_lines(name) if l.offset >= cluster.kill_offsets[name]]
+             for name in WORKERS}
+    if victim == "worker-1":
+      starts = [l for l in after["worker-1"] if l.kind == "start"]
+      self.assertNotEmpty(starts, f"the restarted worker 1 never said at which global step it "
+                          f"starts\n{summary}")
+      # It joins the running job where it stands (at or past where it was), not at 0.
+      self.assertGreaterEqual(starts[0].step, last_before["worker-1"] or 0, summary)
+      self.assertLess(starts[0].step, train_steps, f"worker 1 came back after the job had "
+                      f"ended: raise --train_steps above {train_steps} so the test covers a "
+                      f"restart mid-run\n{summary}")
+      self.assertTrue(any(l.kind == "progress" for l in after["worker-1"]),
+                      f"the restarted worker 1 logged no progress\n{summary}")
+      # The chief trained on (async) or waited (sync) in the session it had.
+      self.assertEmpty([l for l in after[CHIEF] if l.kind != "progress"],
+                       f"the chief started a new session when worker 1 died\n{summary}")
+    elif victim == CHIEF:
+      kept = [l for l in after[CHIEF] if l.kind == "kept"]
+      self.assertNotEmpty(kept, f"the restarted chief did not say it keeps the model the PS "
+                          f"still holds\n{summary}")
+      self.assertGreaterEqual(kept[0].step, max(last_before[CHIEF], checkpoint_at_kill),
+                              summary)
+      self.assertTrue(any(l.kind == "start" for l in after[CHIEF]), summary)
+      if sync:
+        # Worker 1 stood still without the chief's tokens, and trained on once it was back.
+        self.assertTrue(any(l.kind == "progress" and l.step > kept[0].step
+                            for l in after["worker-1"]),
+                        f"worker 1 logged no progress after the chief's restart\n{summary}")
+    else:
+      for name in WORKERS:
+        self.assertIn("lost the session", cluster.text_after_kill(name),
+                      f"{name} did not say it lost its session to the PS\n{summary}")
+        starts = [l for l in after[name] if l.kind == "start"]
+        self.assertNotEmpty(starts, f"{name} never started a new session after the PS's "
+                            f"restart\n{summary}")
+        self.assertGreater(starts[0].step, 0, summary)
+      self.assertEmpty([l for l in after[CHIEF] if l.kind == "kept"],
+                       f"the chief kept a model after the PS's restart\n{summary}")
+      # It restored the newest checkpoint (worker 1 may have trained a few steps since).
+      chief_start = next(l for l in after[CHIEF] if l.kind == "start")
+      self.assertGreaterEqual(chief_start.step, checkpoint_at_restart, summary)
+      self.assertEqual(cluster.procs["ps-0"].read_log().count("ps 0: serving on"), 2, summary)
+
+
+if __name__ == "__main__":
+  absltest.main()
