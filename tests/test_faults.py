@@ -425,5 +425,55 @@ class FaultsTest(parameterized.TestCase):
       self.assertEqual(cluster.procs["ps-0"].read_log().count("ps 0: serving on"), 2, summary)
 
 
+class LostSyncWorkerTest(absltest.TestCase):
+  """A sync worker that dies for good: the chief names it, and a stop still checkpoints."""
+
+  def test_chief_names_the_lost_worker_and_a_stuck_stop_writes_a_last_checkpoint(self):
+    log_dir = testutil.make_tempdir(self)
+    cluster = FaultyCluster(self, log_dir, [
+        "--train_steps=1000000", "--log_every_steps=50", "--save_checkpoints_secs=3600",
+        "--sync_replicas", f"--wait_timeout_secs={WAIT_TIMEOUT_SECS}"])
+    cluster.wait_until(lambda: (cluster.last_step(CHIEF) or 0) >= 100,
+                       "chief progress line at global step 100 or later", START_TIMEOUT_SECS)
+    cluster.kill("worker-1")  # Not restarted: without a backup no step can complete.
+    last_step = cluster.last_step(CHIEF)
+
+    def wait_for(what, ready, timeout):
+      deadline = time.monotonic() + timeout
+      while not ready():
+        cluster.poll()
+        if time.monotonic() >= deadline:
+          cluster.fail(f"no {what} within {timeout:.0f} s")
+        time.sleep(POLL_SECS)
+
+    worker_hosts, = [a for a in cluster.common if a.startswith("--worker_hosts=")]
+    address = worker_hosts.partition("=")[2].split(",")[1]
+    named = re.compile(
+        r"^chief: this step has waited \d+ s for the gradients of the other workers; not "
+        rf"answering: worker 1 at {re.escape(address)}; giving up after {WAIT_TIMEOUT_SECS} s$",
+        re.MULTILINE)
+    wait_for("note naming worker 1", lambda: named.search(cluster.text_after_kill(CHIEF)), 60)
+
+    chief = cluster.procs[CHIEF]
+    os.kill(chief.pid, signal.SIGTERM)  # The chief is blocked inside its step.
+    wait_for("chief exit after SIGTERM", lambda: chief.returncode is not None, 60)
+    self.assertEqual(chief.returncode, 143, cluster.report("chief status"))
+    after = cluster.text_after_kill(CHIEF)
+    self.assertIn("chief: still not stopped 20 s after SIGTERM (blocked waiting for another "
+                  "task); exiting now with status 143", after, cluster.report("no forced exit"))
+    written = re.search(r"chief: wrote a last checkpoint (\S+)", after)
+    self.assertIsNotNone(written, cluster.report("no last checkpoint"))
+    self.assertEqual(newest_checkpoint_step(log_dir),
+                     int(CHECKPOINT_STEP.search(written.group(1)).group(1)))
+    self.assertGreaterEqual(newest_checkpoint_step(log_dir), last_step)
+
+    ps = cluster.procs["ps-0"]
+    os.kill(ps.pid, signal.SIGTERM)  # No worker answers any more: it stops at once.
+    wait_for("PS exit after SIGTERM", lambda: ps.returncode is not None, 30)
+    self.assertEqual(ps.returncode, 143, cluster.report("PS status"))
+    self.assertIn("ps 0: stopped on SIGTERM with 1 of 2 worker(s) done", ps.read_log())
+    testutil.assert_no_leftover(marker=log_dir)
+
+
 if __name__ == "__main__":
   absltest.main()
