@@ -48,13 +48,17 @@ BRIDGE_DEV = "br0"
 _counter = 0
 
 
+# iproute2's `ip`, also where a minimal PATH (Bazel's strict action env) leaves out sbin.
+IP = shutil.which("ip") or shutil.which("ip", path="/usr/sbin:/sbin") or "ip"
+
+
 class NetnsError(RuntimeError):
   """An `ip` command failed; the message names the command and what it printed."""
 
 
 def ip(*args: str, check: bool = True, timeout: float = IP_TIMEOUT_SECS) -> str:
   """Runs `ip args...`, returns its stdout; raises NetnsError if it fails (when check)."""
-  cmd = ["ip", *args]
+  cmd = [IP, *args]
   try:
     done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout, check=False)
@@ -78,7 +82,7 @@ def unavailable_reason() -> Optional[str]:
   """
   if os.geteuid() != 0:
     return "network namespaces need root (run the test as root)"
-  if shutil.which("ip") is None:
+  if shutil.which(IP) is None:
     return "no `ip` command (install iproute2)"
   name = f"{_PREFIX}{os.getpid()}-probe"
   try:
@@ -223,7 +227,7 @@ class Network:
 
   def exec_args(self, host: str, argv: Sequence[str]) -> List[str]:
     """argv run inside host's namespace (`ip netns exec` execs it: same pid, same group)."""
-    return ["ip", "netns", "exec", self.namespaces[host], *[str(a) for a in argv]]
+    return [IP, "netns", "exec", self.namespaces[host], *[str(a) for a in argv]]
 
   def link_down(self, host: str) -> None:
     """Takes host's interface down: its peer loses carrier and IPv4 drops the subnet route."""
