@@ -40,6 +40,8 @@ class ChiefStart:
     self._global_step = global_step
     self._step_past_accumulators = (
         tf.compat.v1.assign_add(global_step, 1) if sync else None)
+    # Whether this session's start kept a live model (a restarted chief).
+    self.kept_live_model = False
 
   def model_is_live(self, session) -> bool:
     """True if every model variable already has a value on its PS."""
@@ -56,7 +58,8 @@ class ChiefStart:
     session.run(self._initialize)
 
   def _keep(self, session) -> bool:
-    if not self.model_is_live(session):
+    self.kept_live_model = self.model_is_live(session)
+    if not self.kept_live_model:
       return False
     step = int(session.run(self._global_step))
     print(f"chief: the PS tasks still hold the model at global step {step}; "

@@ -73,6 +73,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     others_gone: () -> True when none of the other replicas answers (they
       crashed: they will never say done); None when their addresses are
       unknown.
+    restarted: () -> True when this chief's session kept a model the PS
+      tasks held: a restarted chief. The other workers may then be blocked
+      on the token queue with gradients the dead chief had already taken;
+      the chief hands each a token instead of starting with none.
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,
@@ -80,7 +84,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
                workers_done: Optional[Callable] = None,
                drain_timeout_secs: float = 120.0, stop=None,
                stopping_drain_secs: float = 8.0,
-               others_gone: Optional[Callable[[], bool]] = None):
+               others_gone: Optional[Callable[[], bool]] = None,
+               restarted: Optional[Callable[[], bool]] = None):
     self._opt = sync_optimizer
     self._is_chief = is_chief
     self._num_workers = num_workers
@@ -90,6 +95,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._stop = stop
     self._stopping_drain_secs = stopping_drain_secs
     self._others_gone = others_gone
+    self._restarted = restarted
     self._thread = None
     self._sync_session = None
     self._stopping = threading.Event()
@@ -115,7 +121,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     session.run(self._local_init_op)
     if self._is_chief:
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
-      session.run(self._init_tokens_op)
+      if self._restarted is not None and self._restarted():
+        session.run(self._release_op)
+      else:
+        session.run(self._init_tokens_op)
       self._start_sync_thread(session, coord)
 
   def _start_sync_thread(self, session, coord):

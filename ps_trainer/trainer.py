@@ -288,7 +288,8 @@ def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
       tg.sync_optimizer, cfg.is_chief, cfg.num_workers,
       session_factory=new_session if cfg.cluster else None,
       workers_done=workers_done, stop=stop,
-      others_gone=others.others_gone if cfg.cluster else None)
+      others_gone=others.others_gone if cfg.cluster else None,
+      restarted=lambda: tg.chief_start.kept_live_model)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:
