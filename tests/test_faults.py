@@ -32,12 +32,13 @@ import re
 import signal
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
 import testutil
+import watch
 
 # (task name, its role flags); worker 0 is the chief.
 TASKS = (("ps-0", ("--job_name=ps", "--task_index=0")),
@@ -57,9 +58,6 @@ RUN_TIMEOUT_SECS = 240
 WAIT_TIMEOUT_SECS = 90
 # From the start to the kill (three TF start-ups and KILL_AT_STEP steps).
 START_TIMEOUT_SECS = 120
-# Once a task has failed, how long the others get to end before the test gives up on them.
-AFTER_FAILURE_SECS = 45
-POLL_SECS = 0.2
 # TF's benign warnings at each step's clean-up: noise in timelines and tails.
 NOISE = ("local_rendezvous.cc",)
 # A line naming the global step a worker stands at: progress, a session's start, the chief keeping
@@ -68,7 +66,6 @@ STEP_LINE = re.compile(
     r"^(?:(?:chief|worker \d+): step (?P<progress>\d+)/\d+"
     r"|(?:chief|worker \d+): starting at global step (?P<start>\d+) of \d+"
     r"|chief: the PS tasks still hold the model at global step (?P<kept>\d+); keeping it)")
-PROGRESS = re.compile(r"^(?:chief|worker \d+): step (\d+)/")
 CHECKPOINT_PATH = re.compile(r'^model_checkpoint_path:\s*"(?P<path>[^"]*)"', re.MULTILINE)
 CHECKPOINT_STEP = re.compile(r"model\.ckpt-(\d+)$")
 
@@ -95,25 +92,20 @@ class StepLine:
     return f"{self.line!r} (byte {self.offset})"
 
 
-class FaultyCluster:
+class FaultyCluster(watch.TaskWatch):
   """The three tasks of one job, killed and restarted on demand, watched with a timeline."""
 
   def __init__(self, test: absltest.TestCase, log_dir: str, flags: List[str]):
-    self.test, self.log_dir, self.flags = test, log_dir, list(flags)
+    super().__init__(test)
+    self.log_dir, self.flags = log_dir, list(flags)
     hosts = testutil.cluster_hosts(num_ps=1, num_workers=2)
     self.common = [testutil.PYTHON, "-m", "ps_trainer", f"--ps_hosts={hosts['ps_hosts']}",
                    f"--worker_hosts={hosts['worker_hosts']}", f"--log_dir={log_dir}",
                    *self.flags]
-    self.t0 = time.monotonic()
-    self.events: List[str] = []
-    self.procs: Dict[str, testutil.Process] = {}
     # Runs that were killed: name -> (process, exit status).
     self.killed: Dict[str, Tuple[testutil.Process, Optional[int]]] = {}
-    self.exit_secs: Dict[str, float] = {}
     # Each log's size right after the kill: what follows was printed after it.
     self.kill_offsets: Dict[str, int] = {}
-    self._seen: Dict[str, int] = {}
-    self._last_progress: Dict[str, float] = {}
     for name, _ in TASKS:
       self.start(name)
     self.note(f"started {', '.join(self.procs)} with {' '.join(self.flags)}")
@@ -128,13 +120,6 @@ class FaultyCluster:
     proc = testutil.start(self.argv(name), self.log_path(name), name=name, append=append)
     self.test.addCleanup(proc.kill_group)
     self.procs[name] = proc
-    self._seen.setdefault(name, 0)
-
-  def secs(self) -> float:
-    return time.monotonic() - self.t0
-
-  def note(self, text: str) -> None:
-    self.events.append(f"{self.secs():6.1f} s  {text}")
 
   def raw(self, name: str) -> bytes:
     """name's whole log (every run of it), up to its last complete line."""
@@ -172,30 +157,6 @@ class FaultyCluster:
     steps = self.step_lines(name)
     return steps[-1].step if steps else None
 
-  def poll(self) -> None:
-    """Adds new log lines and exits to the timeline.
-
-    Progress lines only when they are a task's first or come after a gap of more than 2 s, so
-    stalls show and steady training does not flood it.
-    """
-    for name, proc in self.procs.items():
-      lines = self.lines(name)
-      now = self.secs()
-      for line in lines[self._seen[name]:]:
-        if PROGRESS.match(line):
-          last = self._last_progress.get(name)
-          self._last_progress[name] = now
-          if last is not None and now - last <= 2.0:
-            continue
-          gap = "" if last is None else f"   [{now - last:.1f} s after the previous one]"
-          self.note(f"{name}: {line}{gap}")
-        else:
-          self.note(f"{name}: {line}")
-      self._seen[name] = len(lines)
-      if proc.returncode is not None and name not in self.exit_secs:
-        self.exit_secs[name] = now
-        self.note(f"{name} exited with status {proc.returncode}")
-
   def kill(self, name: str) -> None:
     """SIGKILL to name's process group; waits (bounded) until it is gone."""
     self.poll()
@@ -223,7 +184,7 @@ class FaultyCluster:
     with open(self.log_path(name), "ab") as log:
       # A run killed mid-line must not glue its last words to the new run's first.
       log.write(b"\n")
-    self._seen[name] = len(self.lines(name))
+    self._lines_seen[name] = len(self.lines(name))
     self.exit_secs.pop(name, None)
     self.start(name, append=True)
     self.note(f"{name} RESTARTED with the same command")
@@ -248,48 +209,6 @@ class FaultyCluster:
                  "noise) ---")
       out += [f"  {l}" for l in lines]
     return "\n".join(out)
-
-  def timeline(self) -> str:
-    return "\n".join(["timeline (s since start):"] + [f"  {e}" for e in self.events])
-
-  def fail(self, headline: str) -> None:
-    self.test.fail(self.report(headline))
-
-  def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
-    """Polls until ready(); fails with the report if it takes timeout or a task ends first."""
-    deadline = time.monotonic() + timeout
-    while True:
-      self.poll()
-      if ready():
-        return
-      ended = [n for n, p in self.procs.items() if p.returncode is not None]
-      if ended:
-        self.fail(f"{', '.join(ended)} ended while the test waited for {what}")
-      if time.monotonic() >= deadline:
-        self.fail(f"no {what} within {timeout:.0f} s")
-      time.sleep(POLL_SECS)
-
-  def wait_all(self, timeout: float) -> None:
-    """Waits for every task to end; fails unless every one exits 0.
-
-    Once one fails, the others get AFTER_FAILURE_SECS more, to show whether they end or hang.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-      self.poll()
-      codes = {n: p.returncode for n, p in self.procs.items()}
-      if all(c is not None for c in codes.values()):
-        break
-      if any(c not in (None, 0) for c in codes.values()):
-        deadline = min(deadline, time.monotonic() + AFTER_FAILURE_SECS)
-      if time.monotonic() >= deadline:
-        self.fail(f"tasks still running {timeout:.0f} s after the wait began "
-                  "(killed at the end of the test)")
-      time.sleep(POLL_SECS)
-    failed = {n: c for n, c in codes.items() if c != 0}
-    if failed:
-      self.fail(f"tasks failed: {failed}")
-
 
 # (name, victim, sync, --train_steps). Async rates are ~100-200 global steps/s per worker, sync
 # ~30-80 global steps/s for the job. In async mode the survivor of a worker or chief kill trains on
@@ -330,7 +249,7 @@ class FaultsTest(parameterized.TestCase):
     kill_end = time.monotonic() + DOWN_SECS
     while time.monotonic() < kill_end:
       cluster.poll()
-      time.sleep(POLL_SECS)
+      time.sleep(watch.POLL_SECS)
     checkpoint_at_restart = newest_checkpoint_step(log_dir)
     cluster.restart(victim)
     cluster.wait_all(max(1.0, run_deadline - time.monotonic()))
@@ -444,7 +363,7 @@ class LostSyncWorkerTest(absltest.TestCase):
         cluster.poll()
         if time.monotonic() >= deadline:
           cluster.fail(f"no {what} within {timeout:.0f} s")
-        time.sleep(POLL_SECS)
+        time.sleep(watch.POLL_SECS)
 
     worker_hosts, = [a for a in cluster.common if a.startswith("--worker_hosts=")]
     address = worker_hosts.partition("=")[2].split(",")[1]

@@ -15,14 +15,14 @@ tasks printed (stalls show as gaps), and the tail of each task's log.
 """
 
 import os
-import re
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from absl.testing import absltest
 
 import netns
 import testutil
+import watch
 
 PORT = 2222
 # (host, job, task index); host i has address .(i+1) of the subnet.
@@ -33,75 +33,36 @@ START_TIMEOUT_SECS = 120
 # From the start (or from the link's return) to the end of every task.
 FINISH_TIMEOUT_SECS = 150
 # Once a task has failed, how long the others get to end before the test gives up on them.
-AFTER_FAILURE_SECS = 45
-POLL_SECS = 0.2
 # TF's benign warning at each step's clean-up: noise in timelines and tails.
 NOISE = "local_rendezvous.cc"
-PROGRESS = re.compile(r"^(chief|worker \d+): step (\d+)/(\d+)")
 
 
-class Cluster:
+class Cluster(watch.TaskWatch):
   """The tasks of one job, each started in its host's namespace, watched with a timeline."""
 
   def __init__(self, test: absltest.TestCase, net: netns.Network, log_dir: str,
                flags: List[str]):
-    self.test, self.net, self.log_dir = test, net, log_dir
+    super().__init__(test)
+    self.net, self.log_dir = net, log_dir
     ps = f"{net.address('ps0')}:{PORT}"
     workers = ",".join(f"{net.address(h)}:{PORT}" for h, job, _ in TASKS if job == "worker")
     common = [testutil.PYTHON, "-m", "ps_trainer", f"--ps_hosts={ps}",
               f"--worker_hosts={workers}", f"--log_dir={log_dir}", *flags]
-    self.t0 = time.monotonic()
-    self.events: List[str] = []
-    self.procs: Dict[str, testutil.Process] = {}
-    self.exit_secs: Dict[str, float] = {}
-    self._lines_seen: Dict[str, int] = {}
-    self._last_progress: Dict[str, float] = {}
     for host, job, index in TASKS:
       argv = net.exec_args(host, common + [f"--job_name={job}", f"--task_index={index}"])
       proc = testutil.start(argv, os.path.join(log_dir, "logs", f"{host}.log"),
                             name=f"{job} {index} ({host})")
       test.addCleanup(proc.kill_group)
       self.procs[host] = proc
-      self._lines_seen[host] = 0
     self.note(f"started {', '.join(self.procs)} with {' '.join(flags)}")
-
-  def secs(self) -> float:
-    return time.monotonic() - self.t0
-
-  def note(self, text: str) -> None:
-    self.events.append(f"{self.secs():6.1f} s  {text}")
 
   def lines(self, host: str) -> List[str]:
     """host's log without TF's clean-up noise."""
     return [l for l in self.procs[host].read_log().splitlines() if NOISE not in l]
 
-  def poll(self) -> None:
-    """Adds new log lines and exits to the timeline.
-
-    Progress lines only when they are a host's first or come after a gap of more than 2 s, so
-    stalls show and steady training does not flood it.
-    """
-    for host, proc in self.procs.items():
-      lines = self.lines(host)
-      now = self.secs()
-      for line in lines[self._lines_seen[host]:]:
-        if PROGRESS.match(line):
-          last = self._last_progress.get(host)
-          self._last_progress[host] = now
-          if last is not None and now - last <= 2.0:
-            continue
-          gap = "" if last is None else f"   [{now - last:.1f} s after the previous one]"
-          self.note(f"{host}: {line}{gap}")
-        else:
-          self.note(f"{host}: {line}")
-      self._lines_seen[host] = len(lines)
-      if proc.returncode is not None and host not in self.exit_secs:
-        self.exit_secs[host] = now
-        self.note(f"{host} exited with status {proc.returncode}")
-
   def last_step(self, host: str) -> Optional[int]:
     """The global step of host's last progress line, or None."""
-    steps = [int(m.group(2)) for m in map(PROGRESS.match, self.lines(host)) if m]
+    steps = [int(m.group("step")) for m in map(watch.PROGRESS.match, self.lines(host)) if m]
     return steps[-1] if steps else None
 
   def report(self, headline: str, tail_lines: int = 25) -> str:
@@ -120,48 +81,6 @@ class Cluster:
       out.append(f"--- last {len(lines)} lines of {host}'s log (without {NOISE} noise) ---")
       out += [f"  {l}" for l in lines]
     return "\n".join(out)
-
-  def timeline(self) -> str:
-    return "\n".join(["timeline (s since start):"] + [f"  {e}" for e in self.events])
-
-  def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
-    """Polls until ready(); fails with the report if it takes timeout or a task ends first."""
-    deadline = time.monotonic() + timeout
-    while True:
-      self.poll()
-      if ready():
-        return
-      ended = [h for h, p in self.procs.items() if p.returncode is not None]
-      if ended:
-        self.fail(f"{', '.join(ended)} ended while the test waited for {what}")
-      if time.monotonic() >= deadline:
-        self.fail(f"no {what} within {timeout:.0f} s")
-      time.sleep(POLL_SECS)
-
-  def wait_all(self, timeout: float) -> None:
-    """Waits for every task to end; fails unless every one exits 0.
-
-    Once one fails, the others get AFTER_FAILURE_SECS more, to show whether they end or hang.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-      self.poll()
-      codes = {h: p.returncode for h, p in self.procs.items()}
-      if all(c is not None for c in codes.values()):
-        break
-      if any(c not in (None, 0) for c in codes.values()):
-        deadline = min(deadline, time.monotonic() + AFTER_FAILURE_SECS)
-      if time.monotonic() >= deadline:
-        self.fail(f"tasks still running {timeout:.0f} s after the wait began "
-                  "(killed at the end of the test)")
-      time.sleep(POLL_SECS)
-    failed = {h: c for h, c in codes.items() if c != 0}
-    if failed:
-      self.fail(f"tasks failed: {failed}")
-
-  def fail(self, headline: str) -> None:
-    self.test.fail(self.report(headline))
-
 
 class HostsNetnsTest(absltest.TestCase):
 
@@ -220,7 +139,7 @@ class HostsNetnsTest(absltest.TestCase):
       cut_end = time.monotonic() + LINK_DOWN_SECS
       while time.monotonic() < cut_end:
         cluster.poll()
-        time.sleep(POLL_SECS)
+        time.sleep(watch.POLL_SECS)
     finally:
       self.net.link_up("worker1")
     cluster.note("worker1 link UP again")
