@@ -28,7 +28,10 @@ class ChiefStart:
       accumulators' step) and the update of the global step leaves the
       accumulators one step ahead; they refuse to go back, and would drop
       every gradient of the kept step as stale, forever. Keeping the model
-      then moves the global step on by one.
+      then moves the global step on by one. Likewise after a restore while
+      some PS tasks kept their accumulators (one of several PS restarted):
+      the global step is raised past the last step this chief saw (see
+      `remember_steps`).
   """
 
   def __init__(self, model_variables, not_ready, global_step,
@@ -38,10 +41,28 @@ class ChiefStart:
     self._initialize = tf.compat.v1.variables_initializer(
         self._model_variables)
     self._global_step = global_step
-    self._step_past_accumulators = (
-        tf.compat.v1.assign_add(global_step, 1) if sync else None)
+    self._step_past_accumulators = None
+    if sync:
+      self._step_past_accumulators = tf.compat.v1.assign_add(global_step, 1)
+      self._floor = tf.compat.v1.placeholder(global_step.dtype.base_dtype,
+                                             [], name="global_step_floor")
+      self._raise_to_floor = global_step.assign(
+          tf.maximum(global_step.read_value(), self._floor))
+    self._seen_step = lambda: None
+    self._margin = 0
     # Whether this session's start kept a live model (a restarted chief).
     self.kept_live_model = False
+
+  def remember_steps(self, seen_step, margin: int) -> None:
+    """Sync mode: a restore leaves the global step at least seen_step() + margin.
+
+    Args:
+      seen_step: () -> the last global step this process saw, or None.
+      margin: global steps the job may have made beyond it (the accumulators
+        are at most one ahead of the real global step).
+    """
+    self._seen_step = seen_step
+    self._margin = margin
 
   def model_is_live(self, session) -> bool:
     """True if every model variable already has a value on its PS."""
@@ -69,6 +90,20 @@ class ChiefStart:
     return True
 
 
+  def _step_past_live_accumulators(self, session) -> None:
+    seen = self._seen_step()
+    if self._step_past_accumulators is None or seen is None:
+      return
+    restored = int(session.run(self._global_step))
+    floor = seen + self._margin
+    if floor > restored:
+      session.run(self._raise_to_floor, {self._floor: floor})
+      print(f"chief: restored the newest checkpoint (global step {restored}) "
+            f"and moved the global step on to {floor}, past where the sync "
+            "accumulators on the PS tasks that kept running stand",
+            flush=True)
+
+
 class _KeepingSaver(tf.compat.v1.train.Saver):
   """A Saver whose restore() leaves a model the PS tasks still hold alone."""
 
@@ -80,3 +115,4 @@ class _KeepingSaver(tf.compat.v1.train.Saver):
     if self._start._keep(sess):  # pylint: disable=protected-access
       return
     super().restore(sess, save_path)
+    self._start._step_past_live_accumulators(sess)  # pylint: disable=protected-access

@@ -185,6 +185,9 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
                     else None)
   others = peers.Peers(cfg, tg, target, session_config, stop)
   hooks = _hooks(cfg, tg, target, session_config, stop, others)
+  # During one of the chief's steps the others may complete a few more.
+  tg.chief_start.remember_steps(lambda: hooks.progress.last_global_step,
+                                margin=cfg.num_workers + 1)
   others.add_last_resorts()
   try:
     _run_session(cfg, tg, target, session_config, hooks, others)
