@@ -23,6 +23,10 @@ down; in async mode the surviving worker trains on, so --train_steps leaves it e
 be training when the victim is back. After a chief kill in async mode worker 1 may finish the whole
 job alone; the restarted chief must still exit 0 and write result.json.
 
+Two more: sync with 2 PS, one of them killed and restarted (the survivor's accumulators stand ahead
+of the restored checkpoint); and a sync worker lost for good (the chief names it; SIGTERM to the
+stuck chief still ends it with a last checkpoint).
+
 Every wait is bounded; a failure names each task's status (the killed run's too), a timeline of the
 run and the tail of each log.
 """
@@ -40,10 +44,15 @@ from absl.testing import parameterized
 import testutil
 import watch
 
-# (task name, its role flags); worker 0 is the chief.
-TASKS = (("ps-0", ("--job_name=ps", "--task_index=0")),
-         ("worker-0", ("--job_name=worker", "--task_index=0")),
-         ("worker-1", ("--job_name=worker", "--task_index=1")))
+
+
+def tasks(num_ps: int = 1) -> Dict[str, Tuple[str, str]]:
+  """{task name: its role flags} of a job with num_ps PS tasks and 2 workers (worker 0: chief)."""
+  named = {f"ps-{i}": ("--job_name=ps", f"--task_index={i}") for i in range(num_ps)}
+  named.update({f"worker-{i}": ("--job_name=worker", f"--task_index={i}") for i in range(2)})
+  return named
+
+
 CHIEF = "worker-0"
 WORKERS = ("worker-0", "worker-1")
 # The chief's logged global step at which the victim is killed: past start-up, in steady training.
@@ -93,12 +102,13 @@ class StepLine:
 
 
 class FaultyCluster(watch.TaskWatch):
-  """The three tasks of one job, killed and restarted on demand, watched with a timeline."""
+  """The tasks of one job, killed and restarted on demand, watched with a timeline."""
 
-  def __init__(self, test: absltest.TestCase, log_dir: str, flags: List[str]):
+  def __init__(self, test: absltest.TestCase, log_dir: str, flags: List[str], num_ps: int = 1):
     super().__init__(test)
     self.log_dir, self.flags = log_dir, list(flags)
-    hosts = testutil.cluster_hosts(num_ps=1, num_workers=2)
+    self.tasks = tasks(num_ps)
+    hosts = testutil.cluster_hosts(num_ps=num_ps, num_workers=2)
     self.common = [testutil.PYTHON, "-m", "ps_trainer", f"--ps_hosts={hosts['ps_hosts']}",
                    f"--worker_hosts={hosts['worker_hosts']}", f"--log_dir={log_dir}",
                    *self.flags]
@@ -106,12 +116,12 @@ class FaultyCluster(watch.TaskWatch):
     self.killed: Dict[str, Tuple[testutil.Process, Optional[int]]] = {}
     # Each log's size right after the kill: what follows was printed after it.
     self.kill_offsets: Dict[str, int] = {}
-    for name, _ in TASKS:
+    for name in self.tasks:
       self.start(name)
     self.note(f"started {', '.join(self.procs)} with {' '.join(self.flags)}")
 
   def argv(self, name: str) -> List[str]:
-    return self.common + list(dict(TASKS)[name])
+    return self.common + list(self.tasks[name])
 
   def log_path(self, name: str) -> str:
     return os.path.join(self.log_dir, "logs", f"{name}.log")
@@ -169,7 +179,7 @@ class FaultyCluster(watch.TaskWatch):
       status = proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       status = None
-    for other, _ in TASKS:
+    for other in self.tasks:
       try:
         self.kill_offsets[other] = os.path.getsize(self.log_path(other))
       except OSError:
@@ -342,6 +352,34 @@ class FaultsTest(parameterized.TestCase):
       chief_start = next(l for l in after[CHIEF] if l.kind == "start")
       self.assertGreaterEqual(chief_start.step, checkpoint_at_restart, summary)
       self.assertEqual(cluster.procs["ps-0"].read_log().count("ps 0: serving on"), 2, summary)
+
+
+class TwoPsSyncTest(absltest.TestCase):
+  """Sync with 2 PS, one killed and restarted: the other keeps its accumulators, a step ahead of
+  the restored checkpoint; the chief must move the global step past them or no step completes."""
+
+  def test_losing_one_of_two_ps_in_sync_mode(self):
+    log_dir = testutil.make_tempdir(self)
+    cluster = FaultyCluster(self, log_dir, [
+        "--train_steps=700", "--log_every_steps=50", "--save_checkpoints_secs=1",
+        "--sync_replicas", f"--wait_timeout_secs={WAIT_TIMEOUT_SECS}"], num_ps=2)
+    run_deadline = time.monotonic() + RUN_TIMEOUT_SECS
+    cluster.wait_until(lambda: ((cluster.last_step(CHIEF) or 0) >= KILL_AT_STEP
+                                and (newest_checkpoint_step(log_dir) or 0) > 0),
+                       f"chief at global step {KILL_AT_STEP} with a checkpoint past step 0",
+                       START_TIMEOUT_SECS)
+    cluster.kill("ps-1")
+    time.sleep(DOWN_SECS)
+    cluster.restart("ps-1")
+    cluster.wait_all(max(1.0, run_deadline - time.monotonic()))
+    result = testutil.read_result_json(log_dir)
+    summary = cluster.report(f"result.json: {result}")
+    self.assertEqual(result["global_step"], 700, summary)
+    self.assertEqual(result["num_ps"], 2, summary)
+    self.assertRegex(cluster.text_after_kill(CHIEF),
+                     r"chief: restored the newest checkpoint \(global step \d+\) and moved the "
+                     r"global step on to \d+", summary)
+    testutil.assert_no_leftover(marker=log_dir)
 
 
 class LostSyncWorkerTest(absltest.TestCase):
