@@ -50,8 +50,11 @@ class ChiefStart:
           tf.maximum(global_step.read_value(), self._floor))
     self._seen_step = lambda: None
     self._margin = 0
-    # Whether this session's start kept a live model (a restarted chief).
-    self.kept_live_model = False
+    # Whether this session started in the middle of a run whose sync state
+    # lives on: a restarted chief kept the model, or a chief that lost a PS
+    # restored it while other PS tasks kept running. Other workers may be
+    # blocked on the token queue then (sync.SyncReplicasHook releases them).
+    self.resumed_mid_run = False
 
   def remember_steps(self, seen_step, margin: int) -> None:
     """Sync mode: a restore leaves the global step at least seen_step() + margin.
@@ -79,8 +82,8 @@ class ChiefStart:
     session.run(self._initialize)
 
   def _keep(self, session) -> bool:
-    self.kept_live_model = self.model_is_live(session)
-    if not self.kept_live_model:
+    self.resumed_mid_run = self.model_is_live(session)
+    if not self.resumed_mid_run:
       return False
     step = int(session.run(self._global_step))
     print(f"chief: the PS tasks still hold the model at global step {step}; "
@@ -94,6 +97,7 @@ class ChiefStart:
     seen = self._seen_step()
     if self._step_past_accumulators is None or seen is None:
       return
+    self.resumed_mid_run = True
     restored = int(session.run(self._global_step))
     floor = seen + self._margin
     if floor > restored:

@@ -73,10 +73,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     others_gone: () -> True when none of the other replicas answers (they
       crashed: they will never say done); None when their addresses are
       unknown.
-    restarted: () -> True when this chief's session kept a model the PS
-      tasks held: a restarted chief. The other workers may then be blocked
-      on the token queue with gradients the dead chief had already taken;
-      the chief hands each a token instead of starting with none.
+    restarted: () -> True when this chief's session resumed a run whose
+      sync state lives on (resume.ChiefStart.resumed_mid_run): a restarted
+      chief, or one that restored a lost PS. The other workers may then be
+      blocked on the token queue with gradients nobody will aggregate; the
+      chief hands each a token instead of starting with none.
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,

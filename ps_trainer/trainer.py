@@ -292,7 +292,7 @@ def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
       session_factory=new_session if cfg.cluster else None,
       workers_done=workers_done, stop=stop,
       others_gone=others.others_gone if cfg.cluster else None,
-      restarted=lambda: tg.chief_start.kept_live_model)
+      restarted=lambda: tg.chief_start.resumed_mid_run)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:
