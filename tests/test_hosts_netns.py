@@ -116,10 +116,12 @@ class HostsNetnsTest(absltest.TestCase):
     return result
 
   def test_async_job_across_three_hosts(self):
-    cluster = self.start("--train_steps=400", "--log_every_steps=100")
+    cluster = self.start("--train_steps=400", "--log_every_steps=20")
     cluster.wait_all(START_TIMEOUT_SECS + FINISH_TIMEOUT_SECS)
     self.check_result(cluster, 400, sync=False)
-    self.assertIn("worker 1: step", cluster.procs["worker1"].read_log())
+    # Worker 1 trained too; on a loaded machine it may join when the chief is half way.
+    self.assertRegex(cluster.procs["worker1"].read_log(),
+                     r"worker 1: (step \d+/400|starting at global step \d+ of 400)")
 
   def cut_worker1_link_mid_run(self, train_steps: int, cut_at_step: int,
                                flags: Sequence[str] = ()) -> None:
