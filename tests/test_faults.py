@@ -267,15 +267,7 @@ class FaultsTest(parameterized.TestCase):
     if not os.path.exists(os.path.join(log_dir, "result.json")):
       cluster.fail(f"every task exited 0 but there is no result.json in {log_dir}: "
                    f"{sorted(os.listdir(log_dir))}")
-    result = testutil.read_result_json(log_dir)
-    summary = cluster.report(f"result.json: {result}")
-    if sync:
-      self.assertEqual(result["global_step"], train_steps, summary)
-    else:
-      self.assertGreaterEqual(result["global_step"], train_steps, summary)
-    self.assertEqual(result["sync_replicas"], sync, summary)
-    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1), summary)
-    self.assertIn("every worker is done; exiting", cluster.procs["ps-0"].read_log(), summary)
+    result, summary = cluster.assert_finished(log_dir, train_steps, sync, ps="ps-0")
 
     self.check_steps(cluster, victim, checkpoint_at_kill, checkpoint_at_restart, summary)
     self.check_restart(cluster, victim, sync, train_steps, last_before, checkpoint_at_kill,

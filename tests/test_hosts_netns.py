@@ -99,16 +99,8 @@ class HostsNetnsTest(absltest.TestCase):
     return Cluster(self, self.net, self.log_dir, list(flags))
 
   def check_result(self, cluster: Cluster, train_steps: int, sync: bool) -> dict:
-    result = testutil.read_result_json(self.log_dir)
-    summary = cluster.report(f"result.json: {result}")
-    if sync:
-      self.assertEqual(result["global_step"], train_steps, summary)
-    else:
-      self.assertGreaterEqual(result["global_step"], train_steps, summary)
-    self.assertEqual(result["sync_replicas"], sync, summary)
-    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1), summary)
+    result, summary = cluster.assert_finished(self.log_dir, train_steps, sync, ps="ps0")
     self.assertGreater(result["accuracy"], 0.9, summary)
-    self.assertIn("every worker is done; exiting", cluster.procs["ps0"].read_log(), summary)
     testutil.assert_no_leftover(marker=self.log_dir)
     # Shown by `pytest -rP` and in Bazel's test.log: how long each phase took.
     print(f"{self.id()}: global step {result['global_step']}, test accuracy "

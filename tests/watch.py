@@ -74,6 +74,20 @@ class TaskWatch:
         self.exit_secs[name] = now
         self.note(f"{name} exited with status {proc.returncode}")
 
+  def assert_finished(self, log_dir: str, train_steps: int, sync: bool, ps: str) -> tuple:
+    """result.json of a finished 2-worker, 1-PS run; returns (result, report for messages)."""
+    result = testutil.read_result_json(log_dir)
+    summary = self.report(f"result.json: {result}")
+    test = self.test
+    if sync:
+      test.assertEqual(result["global_step"], train_steps, summary)
+    else:
+      test.assertGreaterEqual(result["global_step"], train_steps, summary)
+    test.assertEqual(result["sync_replicas"], sync, summary)
+    test.assertEqual((result["num_workers"], result["num_ps"]), (2, 1), summary)
+    test.assertIn("every worker is done; exiting", self.procs[ps].read_log(), summary)
+    return result, summary
+
   def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
     """Polls until ready(); fails with the report if it takes timeout or a task ends first."""
     deadline = time.monotonic() + timeout
