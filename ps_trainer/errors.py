@@ -12,6 +12,7 @@ def first_line(text: str, default: str = "no details") -> str:
   """The first line of `text` that says what went wrong, else `default`."""
   for line in text.splitlines():
     line = line.strip()
-    if line and not line.startswith(_FRAMING) and not line.endswith(":"):
+    if (line and not line.startswith(_FRAMING) and not line.endswith(":")
+        and line.strip("=")):
       return line
   return default

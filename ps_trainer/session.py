@@ -5,23 +5,107 @@ difference: before each session is created - the first and every one that
 replaces a session lost to a PS or chief that went away - this replica waits,
 saying whom it waits for, until the tasks it needs answer. TF's own creators
 wait silently (for a PS) or poll every 30 s (for the chief's model).
+
+MonitoredSession recovers only from Unavailable and Aborted errors. A step
+that spans several PS tasks can instead fail with Cancelled when one of them
+dies (the other partitions of the step are cancelled, and that is the status
+that reaches the replica); left alone, the replica would exit while the rest
+of the job carries on (a CI run: 2 PS, sync, ps 1 killed). Such a cancel is
+reported as the lost peer it is, so the session is recreated as for any
+other - a bounded number of times, so a step that is cancelled for another
+reason still ends the run.
 """
 
+import collections
+import time
 from typing import Callable, Optional
 
 import tensorflow as tf
+# Saver and start_queue_runners accept only SessionInterface instances.
+from tensorflow.python.client import session as tf_session
+
+from ps_trainer import errors
 
 train = tf.compat.v1.train
+
+
+# At most this many cancelled steps within the window are taken for a lost
+# peer; one more ends the run with the Cancelled error.
+MAX_CANCELS_TAKEN = 3
+CANCEL_WINDOW_SECS = 60.0
+
+
+class CancelBudget:
+  """How many cancelled steps may still be taken for a lost peer."""
+
+  def __init__(self, limit: int = MAX_CANCELS_TAKEN,
+               window_secs: float = CANCEL_WINDOW_SECS,
+               clock: Callable[[], float] = time.monotonic):
+    self._limit = limit
+    self._window_secs = window_secs
+    self._clock = clock
+    self._taken = collections.deque()
+
+  def take(self) -> bool:
+    now = self._clock()
+    while self._taken and now - self._taken[0] > self._window_secs:
+      self._taken.popleft()
+    if len(self._taken) >= self._limit:
+      return False
+    self._taken.append(now)
+    return True
+
+
+class _CancelAsPeerLoss(tf_session.SessionInterface):
+  """A session whose cancelled steps read as a lost peer (UnavailableError)."""
+
+  def __init__(self, session, budget: CancelBudget,
+               stopping: Callable[[], bool]):
+    self._session = session
+    self._budget = budget
+    self._stopping = stopping
+
+  @property
+  def graph(self):
+    return self._session.graph
+
+  @property
+  def sess_str(self):
+    return self._session.sess_str
+
+  def run(self, *args, **kwargs):
+    try:
+      return self._session.run(*args, **kwargs)
+    except tf.errors.CancelledError as e:
+      if self._stopping() or not self._budget.take():
+        raise
+      raise tf.errors.UnavailableError(
+          e.node_def, e.op, "a step was cancelled, as happens when a PS "
+          f"goes away: {errors.first_line(e.message)}") from e
+
+  def partial_run_setup(self, *args, **kwargs):
+    return self._session.partial_run_setup(*args, **kwargs)
+
+  def partial_run(self, *args, **kwargs):
+    return self._session.partial_run(*args, **kwargs)
+
+  def close(self):
+    self._session.close()
+
+  def __getattr__(self, name):
+    return getattr(self._session, name)
 
 
 class _AnnouncedCreator(train.SessionCreator):
   """Runs `before()` ahead of each session; says so when a session is replaced."""
 
   def __init__(self, inner: train.SessionCreator, before: Callable[[], None],
-               who: str):
+               who: str, stopping: Callable[[], bool]):
     self._inner = inner
     self._before = before
     self._who = who
+    self._stopping = stopping
+    self._cancels = CancelBudget()
     self._created = 0
 
   def create_session(self):
@@ -31,19 +115,21 @@ class _AnnouncedCreator(train.SessionCreator):
     self._before()
     session = self._inner.create_session()
     self._created += 1
-    return session
+    return _CancelAsPeerLoss(session, self._cancels, self._stopping)
 
 
 def monitored_session(*, who: str, is_chief: bool, target: str, config,
                       scaffold: train.Scaffold, hooks: list, chief_hooks: list,
                       log_dir: Optional[str], save_checkpoint_secs,
                       save_checkpoint_steps, save_summaries_steps: int,
-                      before_session: Callable[[], None]):
+                      before_session: Callable[[], None],
+                      stopping: Callable[[], bool] = lambda: False):
   """A MonitoredSession as MonitoredTrainingSession would build it.
 
   The chief restores from and checkpoints into `log_dir` and writes
   summaries there; hooks run in MonitoredTrainingSession's order (chief
-  hooks, summaries, checkpoints, then `hooks`).
+  hooks, summaries, checkpoints, then `hooks`). `stopping()` is True once
+  this task was asked to stop: a cancelled step is then not a lost peer.
   """
   if is_chief:
     inner = train.ChiefSessionCreator(scaffold=scaffold, master=target,
@@ -62,5 +148,5 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
                                        config=config)
     all_hooks = list(hooks)
   return train.MonitoredSession(
-      session_creator=_AnnouncedCreator(inner, before_session, who),
+      session_creator=_AnnouncedCreator(inner, before_session, who, stopping),
       hooks=all_hooks, stop_grace_period_secs=10)

@@ -190,7 +190,7 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
                                 margin=cfg.num_workers + 1)
   others.add_last_resorts()
   try:
-    _run_session(cfg, tg, target, session_config, hooks, others)
+    _run_session(cfg, tg, target, session_config, hooks, others, stop)
   except (Diverged, waits.Stopped):
     others.leave()
     raise
@@ -203,7 +203,8 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
 
 
 def _run_session(cfg, tg: TrainGraph, target: str, session_config,
-                 hooks: _Hooks, others: peers.Peers) -> None:
+                 hooks: _Hooks, others: peers.Peers,
+                 stop: stops.StopRequest) -> None:
   """The session loop: train until a hook says stop."""
   with tg.graph.as_default():
     session = session_lib.monitored_session(
@@ -214,7 +215,8 @@ def _run_session(cfg, tg: TrainGraph, target: str, session_config,
         save_checkpoint_secs=cfg.train.save_checkpoints_secs,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
         save_summaries_steps=SUMMARY_STEPS,
-        before_session=others.wait)
+        before_session=others.wait,
+        stopping=lambda: stop.requested)
     try:
       with session:
         while not session.should_stop():
