@@ -52,6 +52,7 @@ class TrainConfig:
   save_checkpoints_secs: Optional[int]
   log_every_steps: int
   wait_timeout_secs: int
+  trace_steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +124,8 @@ def from_flag_values(values: Mapping, tf_config: str,
           save_checkpoints_steps=values["save_checkpoints_steps"],
           save_checkpoints_secs=_checkpoint_secs(values),
           log_every_steps=values["log_every_steps"],
-          wait_timeout_secs=values["wait_timeout_secs"]))
+          wait_timeout_secs=values["wait_timeout_secs"],
+          trace_steps=_trace_steps(values, cluster)))
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:
@@ -142,6 +144,17 @@ def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:
         f"worker(s); accepted: 1-{num_workers} (fewer than the workers makes "
         "the rest backups)")
   return requested
+
+
+def _trace_steps(values: Mapping, cluster) -> int:
+  steps = values["trace_steps"]
+  if steps and cluster is not None and not cluster.is_worker:
+    return 0  # Only replicas run steps; the PS ops appear in their traces.
+  if steps and not values["log_dir"] and cluster is not None:
+    raise ConfigError(
+        f"--trace_steps={steps} needs --log_dir on this worker: traces go to "
+        "<log_dir>/traces/")
+  return steps
 
 
 def _checkpoint_secs(values: Mapping) -> Optional[int]:

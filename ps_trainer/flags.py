@@ -97,6 +97,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
                  "--save_checkpoints_steps is set); always at the end too.")
   define_integer("log_every_steps", 100,
                        "Print a progress line every N steps of this worker.")
+  define_integer(
+      "trace_steps", 0,
+      "Trace N steps on each worker (after its first 20) into "
+      "<log_dir>/traces/<task>.json, a Chrome trace (chrome://tracing, "
+      "ui.perfetto.dev) of every op on the worker and the PS tasks, and print "
+      "where a step's time went. 0: no tracing.")
   # Faults.
   define_integer(
       "wait_timeout_secs", 600,
@@ -161,6 +167,7 @@ def _register_validators(fv) -> None:
   _at_least(fv, "save_checkpoints_steps", 1, allow_none=True)
   _at_least(fv, "save_checkpoints_secs", 1, allow_none=True)
   _at_least(fv, "log_every_steps", 1)
+  _at_least(fv, "trace_steps", 0)
   _at_least(fv, "wait_timeout_secs", 1)
   flags.register_validator(
       "learning_rate",

@@ -23,6 +23,7 @@ from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
 from ps_trainer import stops
 from ps_trainer import sync
+from ps_trainer import tracing
 from ps_trainer import waits
 
 EVAL_BATCH_SIZE = 1000
@@ -255,6 +256,10 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
   if cfg.cluster:
     every_replica.append(hooks_lib.StallWatchHook(
         stop, others.stall_reason, cfg.train.wait_timeout_secs))
+  if cfg.train.trace_steps:
+    every_replica.append(tracing.TraceHook(
+        cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),
+        _file_stem(cfg), cfg.task_name))
   if tg.sync_optimizer is not None:
     every_replica.append(
         _sync_hook(cfg, tg, target, session_config, stop, others))
@@ -267,6 +272,11 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
       os.path.join(cfg.train.log_dir, "result.json"), progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result)
+
+
+def _file_stem(cfg: config_lib.Config) -> str:
+  """"local", "chief", "worker-1": names this task's files."""
+  return cfg.task_name.replace(" ", "-")
 
 
 def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:

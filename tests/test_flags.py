@@ -36,7 +36,7 @@ _DEFAULTS = {
     "seed": 0,
     "log_dir": "", "save_checkpoints_steps": None, "save_checkpoints_secs": None,
     "log_every_steps": 100,
-    "wait_timeout_secs": 600,
+    "wait_timeout_secs": 600, "trace_steps": 0,
 }
 
 # 1 PS + 2 workers on flags; worker 1 needs no --log_dir.
@@ -307,6 +307,17 @@ class ConfigTest(parameterized.TestCase):
   def test_non_chief_needs_no_log_dir(self, overrides):
     cfg = config.from_flag_values(_values(**overrides), "")
     self.assertEqual(cfg.train.log_dir, "")
+
+  def test_tracing_a_worker_needs_its_log_dir(self):
+    with self.assertRaisesRegex(
+        config.ConfigError,
+        r"^--trace_steps=5 needs --log_dir on this worker: traces go to "
+        r"<log_dir>/traces/$"):
+      config.from_flag_values(_values(trace_steps=5, **_WORKER_1), "")
+
+  def test_a_ps_ignores_trace_steps(self):
+    cfg = config.from_flag_values(_values(trace_steps=5, **_PS_0), "")
+    self.assertEqual(cfg.train.trace_steps, 0)
 
   def test_chief_keeps_its_log_dir(self):
     cfg = config.from_flag_values(_values(log_dir="/tmp/run", **_WORKER_0), "")
