@@ -28,6 +28,11 @@ Usage:
       runs/local-YYYYmmdd-HHMMSS. The tasks run in a private network namespace with loopback only
       (--no_isolate: in this machine's network). Exits with the chief's status; Ctrl-C or SIGTERM
       stops every task after the chief's final checkpoint and leaves no task behind.
+  ./launch.sh bench [--rounds=N] [--json] [--bench_dir=DIR] [trainer flags...]
+      Measure what distribution costs: local mode, 1 PS + 1 worker and the plain TF1 pattern in
+      turns (N rounds, default 3), then 2 workers async and sync; prints steps/s, examples/s, the
+      ratio to local and where a traced step's time goes. Default work: the reference MLP on
+      synthetic data (README: Performance); trainer flags replace parts of it.
   ./launch.sh test [pytest args...]
       Run the test suite (default: all of it, -q) with the dev requirements.
   ./launch.sh [trainer flags...]
@@ -102,7 +107,7 @@ on_signal() {  # name exit-status
 # Re-runs this launcher in a private network namespace with loopback only, so that no other host
 # can reach the tasks' servers (they bind every interface and run any graph they are sent). As
 # root `unshare -n`; otherwise in an unprivileged user namespace where the kernel allows it; else
-# one line says so and the run goes on unisolated. $@: the original `local` arguments.
+# one line says so and the run goes on unisolated. $@: the subcommand and its original arguments.
 isolate_network() {
   local how=() err
   if [[ -n ${PS_TRAINER_IN_NETNS:-} ]]; then   # inside already: bring loopback up
@@ -126,7 +131,7 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, I
     how=(unshare -rn)
   fi
   if ((${#how[@]})); then
-    PS_TRAINER_IN_NETNS=1 exec "${how[@]}" -- "$BASH" "$REPO/launch.sh" local "$@"
+    PS_TRAINER_IN_NETNS=1 exec "${how[@]}" -- "$BASH" "$REPO/launch.sh" "$@"
   fi
   msg "cannot isolate the tasks in a private network namespace (${err:-unshare failed}); their servers listen on every interface of this machine without authentication (README: Security; --no_isolate hides this line)"
 }
@@ -163,7 +168,7 @@ run_local() {
 
   bootstrap runtime   # before isolating: it may need the network
   if ((isolate)); then
-    isolate_network "${original[@]}"
+    isolate_network local "${original[@]}"
   fi
   if [[ -z $log_dir ]]; then
     log_dir=$(new_log_dir)
@@ -208,6 +213,24 @@ run_local() {
   # Shorter if the chief failed: then nobody may tell the PS tasks to stop.
   wait_for_the_rest $((chief_status == 0 ? EXIT_WAIT_SECS : (EXIT_WAIT_SECS < 10 ? EXIT_WAIT_SECS : 10)))
   exit "$chief_status"
+}
+
+# bench and compare start many local clusters; they run in one private network namespace (as
+# `local` does), so the clusters inside need no isolation of their own.
+run_experiment() {
+  local what=$1 arg isolate=1
+  shift
+  for arg in "$@"; do
+    case $arg in
+      --no_isolate) isolate=0 ;;
+      -h | --help | --helpfull) usage; exit 0 ;;
+    esac
+  done
+  bootstrap runtime
+  ((isolate)) && isolate_network "$what" "$@"
+  local args=()
+  for arg in "$@"; do [[ $arg == --no_isolate ]] || args+=("$arg"); done
+  exec "$PY" -m "ps_trainer.experiments.$what" "${args[@]}"
 }
 
 # Distinct free ports: hold all sockets open at once, then release them for the tasks. Bound on
@@ -264,7 +287,7 @@ case "${1:-}" in
   -h | --help | help) usage ;;
   test) shift; run_tests "$@" ;;
   local) shift; run_local "$@" ;;
-  # Later subcommands (bench, compare, plan) go here, each as one function.
+  bench | compare) run_experiment "$@" ;;
   *)
     # One task: exec, so the trainer's PID is this script's (signals from a scheduler reach it).
     bootstrap runtime

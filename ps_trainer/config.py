@@ -53,6 +53,7 @@ class TrainConfig:
   log_every_steps: int
   wait_timeout_secs: int
   trace_steps: int = 0
+  wire_dtype: str = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +126,8 @@ def from_flag_values(values: Mapping, tf_config: str,
           save_checkpoints_secs=_checkpoint_secs(values),
           log_every_steps=values["log_every_steps"],
           wait_timeout_secs=values["wait_timeout_secs"],
-          trace_steps=_trace_steps(values, cluster)))
+          trace_steps=_trace_steps(values, cluster),
+          wire_dtype=values["wire_dtype"]))
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

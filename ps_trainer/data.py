@@ -107,7 +107,7 @@ def load(name, data_dir="", data_path=""):
     return _from_arrays(name, arrays["x_train"], arrays["y_train"],
                         arrays["x_test"], arrays["y_test"])
   if name == "synthetic":
-    x_test, y_test = _synthetic_numpy(SYNTHETIC_TEST_SIZE, _SYNTHETIC_TEST_SEED)
+    x_test, y_test = synthetic_arrays(SYNTHETIC_TEST_SIZE, _SYNTHETIC_TEST_SEED)
     return DataSet(name, SYNTHETIC_SHAPE, SYNTHETIC_CLASSES, None, None,
                    x_test, y_test)
   if name == "mnist":
@@ -167,8 +167,9 @@ def _synthetic_templates():
   return templates.astype(np.float32)[..., np.newaxis]
 
 
-def _synthetic_numpy(n, seed):
-  """Draws n synthetic examples with numpy: the held-out split."""
+def synthetic_arrays(n, seed):
+  """Draws n synthetic examples with numpy (the held-out split; the bench's
+  plain TF1 baseline feeds them)."""
   rng = np.random.default_rng(seed)
   labels = rng.integers(0, SYNTHETIC_CLASSES, n)
   contrast = rng.uniform(*_CONTRAST_RANGE, n).astype(np.float32)

@@ -14,6 +14,7 @@ MODELS = ("linear", "mlp", "cnn")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 DATASETS = ("digits", "synthetic", "mnist", "npz")
 JOB_NAMES = ("ps", "worker", "chief", "evaluator")
+WIRE_DTYPES = ("float32", "bfloat16")
 # Rates that train every bundled model and data set in 1,000 steps.
 DEFAULT_LEARNING_RATES = {
     "sgd": 0.1, "momentum": 0.05, "adam": 0.001, "adagrad": 0.1}
@@ -103,6 +104,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "<log_dir>/traces/<task>.json, a Chrome trace (chrome://tracing, "
       "ui.perfetto.dev) of every op on the worker and the PS tasks, and print "
       "where a step's time went. 0: no tracing.")
+  define_string(
+      "wire_dtype", "float32",
+      f"Precision of what crosses the network between workers and PS tasks: "
+      f"{' | '.join(WIRE_DTYPES)}. bfloat16 halves the bytes of variable "
+      "reads and gradients; the PS keeps, updates and checkpoints float32. "
+      "No effect in local mode.")
   # Faults.
   define_integer(
       "wait_timeout_secs", 600,
@@ -151,6 +158,7 @@ def _register_validators(fv) -> None:
   _one_of(fv, "model", MODELS)
   _one_of(fv, "optimizer", OPTIMIZERS)
   _one_of(fv, "dataset", DATASETS)
+  _one_of(fv, "wire_dtype", WIRE_DTYPES)
   flags.register_validator(
       "job_name", lambda value: value in ("",) + JOB_NAMES,
       message=f"unknown job name; accepted: {', '.join(JOB_NAMES)}",

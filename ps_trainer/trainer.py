@@ -15,6 +15,7 @@ from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import models
+from ps_trainer import packing
 from ps_trainer import peers
 from ps_trainer import placement
 from ps_trainer import resume
@@ -41,6 +42,7 @@ class TrainGraph:
   """The ops a run needs, all in `graph`."""
   graph: tf.Graph
   global_step: tf.Variable
+  global_step_read: tf.Tensor  # What every hook fetches: one read per step.
   loss: tf.Tensor
   train_op: tf.Operation
   train_input: data.Input
@@ -78,10 +80,22 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
     device_fn = placement.device_function(info) if info else None
     with tf.compat.v1.device(device_fn):
       global_step = tf.compat.v1.train.get_or_create_global_step()
+      global_step_read = _cache_global_step_read(graph, global_step)
       train_input = data.train_input(
           dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
           shard_index=cfg.replica_index, seed=cfg.train.seed)
-      logits = _logits(cfg, dataset, train_input.features)
+      # The evaluation graph first: it creates the variables, which the
+      # packed reads of the training graph need (packing.py).
+      test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
+      eval_sums = models.eval_sums(
+          _logits(cfg, dataset, test_input.features), test_input.labels)
+      reads = (packing.PackedReads(tf.compat.v1.trainable_variables(),
+                                   packing.WIRE_DTYPES[cfg.train.wire_dtype])
+               if info else None)
+      with tf.compat.v1.variable_scope(
+          tf.compat.v1.get_variable_scope(),
+          custom_getter=reads.variable_getter() if reads else None):
+        logits = _logits(cfg, dataset, train_input.features)
       loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
       # The update depends on this check (and its gradient on the gradient's
       # own check), so a NaN or Inf loss stops the step before any variable
@@ -94,10 +108,19 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       if cfg.train.sync_replicas:
         optimizer = sync_optimizer = sync.wrap_sync(
             optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers)
-      train_op = optimizer.minimize(loss, global_step=global_step)
-      test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
-      eval_sums = models.eval_sums(
-          _logits(cfg, dataset, test_input.features), test_input.labels)
+      if reads is None:
+        grads_and_vars = optimizer.compute_gradients(loss)
+      else:
+        grads_and_vars = packing.pack_gradients(
+            packing.gradients(loss, tf.compat.v1.trainable_variables(), reads),
+            packing.WIRE_DTYPES[cfg.train.wire_dtype])
+      # Async: the optimizer's constants (the learning rate) go where the
+      # updates run, not to the worker, which would send them to the PS on
+      # every step. Sync keeps its own placement (its queues and local step).
+      with tf.device(global_step.device if reads and not sync_optimizer
+                     else None):
+        train_op = optimizer.apply_gradients(grads_and_vars,
+                                             global_step=global_step)
       own_signature = run_signature.of(cfg, dataset.input_shape,
                                        dataset.num_classes)
       # Not checkpointed: the chief sets it afresh each start (PublishHook).
@@ -121,13 +144,34 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       saver = chief_start.saver(sharded=False, max_to_keep=5)
     done_signals = server_lib.DoneSignals(info) if info else None
   return TrainGraph(
-      graph=graph, global_step=global_step, loss=loss, train_op=train_op,
+      graph=graph, global_step=global_step, global_step_read=global_step_read,
+      loss=loss, train_op=train_op,
       train_input=train_input, evaluate=_evaluator(test_input, eval_sums),
       saver=saver, chief_start=chief_start, model_variables=model_variables,
       model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
       done_signals=done_signals,
       signature=signature, signature_published=signature_published,
       own_signature=own_signature)
+
+
+# Where TF's hooks (checkpoints, summaries, StopAtStepHook) find the tensor
+# they read the global step through (training_util.GLOBAL_STEP_READ_KEY).
+_GLOBAL_STEP_READ_KEY = "global_step_read_op_cache"
+
+
+def _cache_global_step_read(graph: tf.Graph, global_step) -> tf.Tensor:
+  """Gives the hooks a plain read of the global step.
+
+  Left to themselves they build a cond (initialized ? read : initial value)
+  whose predicate, switch and branches sit on different tasks: three
+  round trips between worker and PS on every step, on the step's critical
+  path (seen in a --trace_steps trace). The model is initialized before any
+  hook reads it, so the cond guards nothing here.
+  """
+  with tf.name_scope("global_step_read"):
+    read = tf.identity(global_step.read_value())
+  graph.add_to_collection(_GLOBAL_STEP_READ_KEY, read)
+  return read
 
 
 def _logits(cfg, dataset, features):
@@ -246,7 +290,8 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
   per_step = examples_per_global_step(cfg)
   throughput = hooks_lib.Throughput(cfg.train.train_steps)
   progress = hooks_lib.ProgressHook(
-      cfg.task_name, tg.loss, tg.global_step, cfg.train.train_steps, per_step,
+      cfg.task_name, tg.loss, tg.global_step_read, cfg.train.train_steps,
+      per_step,
       cfg.train.log_every_steps, throughput)
   every_replica = [
       hooks_lib.StopOnRequestHook(stop),

@@ -36,7 +36,7 @@ _DEFAULTS = {
     "seed": 0,
     "log_dir": "", "save_checkpoints_steps": None, "save_checkpoints_secs": None,
     "log_every_steps": 100,
-    "wait_timeout_secs": 600, "trace_steps": 0,
+    "wait_timeout_secs": 600, "trace_steps": 0, "wire_dtype": "float32",
 }
 
 # 1 PS + 2 workers on flags; worker 1 needs no --log_dir.

@@ -1,0 +1,240 @@
+"""`./launch.sh bench [--rounds=N] [--json] [trainer flags]`: the price of distribution.
+
+Trains the same work several ways on this machine and prints what each
+costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
+1 PS + 1 worker (plain_tf1.py), then 2 workers async and sync. The first
+three run in turns, round after round (A B C A B C ...), so a machine that
+slows down mid-bench slows all of them alike; figures are medians over the
+rounds. Speeds come from each run's result.json (steps/s after the first 10%
+of steps); the split of a step's time from 10 traced steps of each run
+(tracing.py), taken before the measured window.
+
+Default work (the reference of the performance targets): --model=mlp
+--hidden_units=256,256 --dataset=synthetic --batch_size=64 --optimizer=sgd
+--learning_rate=0.01 --train_steps=3000. Trainer flags given here replace
+these.
+"""
+
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional
+
+from absl import app
+from absl import flags
+
+from ps_trainer import flags as trainer_flags
+from ps_trainer.experiments import runs
+
+REFERENCE_WORK = {
+    "model": "mlp", "hidden_units": "256,256", "dataset": "synthetic",
+    "batch_size": "64", "optimizer": "sgd", "learning_rate": "0.01",
+    "train_steps": "3000"}
+TRACE_STEPS = 10
+# Targets of the performance issue, on the reference work.
+TARGET_VS_LOCAL = 0.5
+TARGET_VS_PLAIN = 2.0
+
+LOCAL = "local (1 process)"
+CLUSTER = "1 PS + 1 worker"
+PLAIN = "plain TF1, 1 PS + 1 worker"
+ASYNC2 = "1 PS + 2 workers, async"
+SYNC2 = "1 PS + 2 workers, sync"
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("rounds", 3, "Rounds of local / cluster / plain TF1 runs "
+                     "taken in turns; figures are their medians.", lower_bound=1)
+flags.DEFINE_boolean("json", False, "Print the figures as JSON instead of a table.")
+flags.DEFINE_string("bench_dir", "", "Where the runs write (default: a new "
+                    "runs/bench-YYYYmmdd-HHMMSS).")
+
+
+class BenchError(ValueError):
+  """Flags the bench cannot run with. The message is one line."""
+
+
+def trainer_args(argv: List[str]) -> Dict[str, str]:
+  """The reference work overridden by the --name=value trainer flags in argv.
+
+  Raises:
+    BenchError: an argument that is not --name=value of a trainer flag that
+      the bench may set (it builds the clusters and log dirs itself).
+  """
+  values = dict(REFERENCE_WORK)
+  known = set(trainer_flags.define_flags(flags.FlagValues()))
+  owned = {"ps_hosts", "worker_hosts", "job_name", "task_index", "log_dir",
+           "num_workers", "sync_replicas", "replicas_to_aggregate",
+           "trace_steps"}
+  for arg in argv:
+    name, _, value = arg.lstrip("-").partition("=")
+    if not arg.startswith("--") or name not in known:
+      raise BenchError(f"{arg}: not a trainer flag (--name=value); see "
+                       "./launch.sh --helpfull")
+    if name in owned:
+      raise BenchError(f"{arg}: the bench sets --{name} itself")
+    values[name] = value
+  return values
+
+
+def _check_values(values: Dict[str, str]) -> None:
+  """Runs the trainer's own flag checks, so a typo fails before any run."""
+  fv = flags.FlagValues()
+  trainer_flags.define_flags(fv)
+  try:
+    fv(["bench"] + [f"--{k}={v}" for k, v in values.items()])
+  except flags.Error as e:
+    raise BenchError(str(e)) from None
+
+
+def plain_tf1_args(values: Dict[str, str]) -> Optional[List[str]]:
+  """plain_tf1.py's flags for this work, or None if it cannot train it."""
+  if (values["model"], values["dataset"], values["optimizer"]) != (
+      "mlp", "synthetic", "sgd"):
+    return None
+  return [f"--{name}={values[name]}" for name in
+          ("hidden_units", "batch_size", "learning_rate", "train_steps")]
+
+
+@dataclasses.dataclass
+class Row:
+  label: str
+  steps_per_sec: List[float]
+  examples_per_sec: List[float]
+  split: Optional[dict]   # mean tracing split of the first run, if traced
+  accuracy: Optional[float]
+
+  def median(self, field: str) -> float:
+    return statistics.median(getattr(self, field))
+
+
+def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
+  split = done[0].read(os.path.join("traces", trace_file)) if trace_file else None
+  return Row(label,
+             [r.result["steps_per_sec"] for r in done],
+             [r.result.get("examples_per_sec", 0.0) for r in done],
+             split, done[0].result.get("accuracy"))
+
+
+def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
+              say=print) -> List[Row]:
+  """Runs everything (see the module doc) and returns one Row per setup."""
+  flags_list = [f"--{k}={v}" for k, v in values.items()]
+  traced = flags_list + [f"--trace_steps={TRACE_STEPS}"]
+  plain_flags = plain_tf1_args(values)
+  done: Dict[str, List[runs.Run]] = {LOCAL: [], CLUSTER: [], PLAIN: []}
+
+  def run(label, fn, *args):
+    say(f"bench: {label} ...")
+    result = fn(label, *args)
+    say(f"bench: {label}: {result.result['steps_per_sec']:.1f} steps/s")
+    return result
+
+  for i in range(rounds):
+    done[LOCAL].append(run(LOCAL, runs.run_local_process, traced,
+                           os.path.join(bench_dir, f"local-{i}")))
+    done[CLUSTER].append(run(CLUSTER, runs.run_local_cluster, 1, 1, traced,
+                             os.path.join(bench_dir, f"cluster-{i}")))
+    if plain_flags is not None:
+      done[PLAIN].append(run(PLAIN, runs.run_plain_tf1_cluster, plain_flags,
+                             os.path.join(bench_dir, f"plain-{i}")))
+  done[ASYNC2] = [run(ASYNC2, runs.run_local_cluster, 1, 2, traced,
+                      os.path.join(bench_dir, "async-2"))]
+  done[SYNC2] = [run(SYNC2, runs.run_local_cluster, 1, 2,
+                     traced + ["--sync_replicas"],
+                     os.path.join(bench_dir, "sync-2"))]
+  trace_files = {LOCAL: "local.split.json", PLAIN: ""}
+  return [_row(label, results, trace_files.get(label, "chief.split.json"))
+          for label, results in done.items() if results]
+
+
+def figures(rows: List[Row], values: Dict[str, str]) -> dict:
+  """The bench's figures as JSON-ready data, with the targets checked."""
+  by_label = {row.label: row for row in rows}
+  local = by_label[LOCAL].median("steps_per_sec")
+  out = {"work": values, "runs": []}
+  for row in rows:
+    steps = row.median("steps_per_sec")
+    out["runs"].append({
+        "label": row.label,
+        "steps_per_sec": steps,
+        "steps_per_sec_each": row.steps_per_sec,
+        "examples_per_sec": row.median("examples_per_sec"),
+        "vs_local": steps / local if local else None,
+        "ms_per_step": 1000.0 / steps if steps else None,
+        "split": row.split,
+        "accuracy": row.accuracy})
+  cluster = by_label[CLUSTER].median("steps_per_sec")
+  out["cluster_vs_local"] = cluster / local if local else None
+  if PLAIN in by_label:
+    plain = by_label[PLAIN].median("steps_per_sec")
+    out["cluster_vs_plain_tf1"] = cluster / plain if plain else None
+  return out
+
+
+def table(result: dict) -> str:
+  """The figures as a text table, then the targets."""
+  header = (f"{'run':<28}{'steps/s':>9}{'examples/s':>12}{'vs local':>10}"
+            f"{'ms/step':>9}   traced step: compute / PS / transfer / other ms,"
+            " MB in / out")
+  lines = [header, "-" * len(header)]
+  for run in result["runs"]:
+    split = run["split"]
+    split_text = "-" if not split else (
+        f"{split['ms']['compute']:.2f} / {split['ms']['ps']:.2f} / "
+        f"{split['ms']['transfer']:.2f} / {split['ms']['other']:.2f}, "
+        f"{split['bytes_to_worker'] / 1e6:.2f} / {split['bytes_to_ps'] / 1e6:.2f}")
+    lines.append(
+        f"{run['label']:<28}{run['steps_per_sec']:>9.1f}"
+        f"{run['examples_per_sec']:>12.0f}{run['vs_local']:>10.2f}"
+        f"{run['ms_per_step']:>9.2f}   {split_text}")
+  lines.append("")
+  ratio = result["cluster_vs_local"]
+  lines.append(f"1 PS + 1 worker / local: {ratio:.2f} (target >= "
+               f"{TARGET_VS_LOCAL}: {'met' if ratio >= TARGET_VS_LOCAL else 'NOT met'})")
+  if "cluster_vs_plain_tf1" in result:
+    ratio = result["cluster_vs_plain_tf1"]
+    lines.append(f"1 PS + 1 worker / plain TF1: {ratio:.2f}x (target >= "
+                 f"{TARGET_VS_PLAIN}x: {'met' if ratio >= TARGET_VS_PLAIN else 'NOT met'})")
+  else:
+    lines.append("plain TF1 baseline: not run (it trains only --model=mlp "
+                 "--dataset=synthetic --optimizer=sgd)")
+  lines.append("steps/s: medians over rounds; examples/s counts every "
+               "aggregated replica's batch; the traced steps run slower than "
+               "untraced ones, so read their split as proportions.")
+  return "\n".join(lines)
+
+
+def main(argv):
+  try:
+    values = trainer_args(argv[1:])
+    _check_values(values)
+  except BenchError as e:
+    print(f"bench: error: {e}", file=sys.stderr)
+    return 2
+  bench_dir = os.path.abspath(FLAGS.bench_dir or os.path.join(
+      "runs", time.strftime("bench-%Y%m%d-%H%M%S")))
+  say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
+      else (lambda line: print(line, flush=True))
+  say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "
+      + " ".join(f"--{k}={v}" for k, v in values.items()))
+  try:
+    rows = run_bench(values, FLAGS.rounds, bench_dir, say)
+  except runs.RunFailed as e:
+    print(f"bench: error: {e}", file=sys.stderr)
+    return 1
+  result = figures(rows, values)
+  with open(os.path.join(bench_dir, "bench.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  print(json.dumps(result, indent=1) if FLAGS.json else table(result))
+  return 0
+
+
+def run():
+  app.run(main, flags_parser=lambda argv: FLAGS(argv, known_only=True))
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,167 @@
+"""Runs training jobs as a user would, for the bench and compare: each in fresh
+processes, each into a log directory of its own, read back from result.json.
+
+No TensorFlow here: the runs import it, this module only starts and watches
+them.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+LAUNCHER = os.path.join(REPO, "launch.sh")
+# A run slower than this is stuck; the bench says so rather than waiting on.
+RUN_TIMEOUT_SECS = 900
+
+
+class RunFailed(RuntimeError):
+  """A run exited badly or wrote no result. The message is one line."""
+
+
+@dataclasses.dataclass
+class Run:
+  """One finished run: what it was and what it wrote."""
+  label: str
+  log_dir: str
+  result: dict
+  wall_secs: float  # Start of the processes to their end, start-up included.
+
+  def read(self, relative_path: str) -> Optional[dict]:
+    """A JSON file the run wrote under its log dir, or None."""
+    path = os.path.join(self.log_dir, relative_path)
+    if not os.path.exists(path):
+      return None
+    with open(path) as f:
+      return json.load(f)
+
+
+def _env() -> dict:
+  env = dict(os.environ)
+  env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"]
+                              if env.get("PYTHONPATH") else "")
+  env.pop("TF_CONFIG", None)
+  return env
+
+
+def _last_lines(path: str, count: int = 3) -> str:
+  try:
+    with open(path, errors="replace") as f:
+      lines = [line.strip() for line in f if line.strip()]
+  except OSError:
+    return "(no log)"
+  return " | ".join(lines[-count:])
+
+
+def _finish(label: str, log_dir: str, log_path: str, status: int,
+            started: float) -> Run:
+  result_path = os.path.join(log_dir, "result.json")
+  if status != 0 or not os.path.exists(result_path):
+    raise RunFailed(f"{label}: exited with status {status} and "
+                    f"{'a' if os.path.exists(result_path) else 'no'} "
+                    f"result.json; log {log_path}: {_last_lines(log_path)}")
+  with open(result_path) as f:
+    return Run(label, log_dir, json.load(f), time.monotonic() - started)
+
+
+def _wait(process: subprocess.Popen, label: str, log_path: str) -> int:
+  try:
+    return process.wait(timeout=RUN_TIMEOUT_SECS)
+  except subprocess.TimeoutExpired:
+    _stop_group(process)
+    raise RunFailed(f"{label}: still running after {RUN_TIMEOUT_SECS} s; "
+                    f"stopped it; log {log_path}: {_last_lines(log_path)}")
+
+
+def _stop_group(process: subprocess.Popen, grace_secs: float = 40) -> None:
+  """SIGTERM to the process group, SIGKILL if it is still there after grace."""
+  if process.poll() is not None:
+    return
+  try:
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=grace_secs)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+  except ProcessLookupError:
+    pass
+
+
+def _start(command: List[str], log_path: str) -> subprocess.Popen:
+  with open(log_path, "w") as log:
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                            env=_env(), start_new_session=True)
+
+
+def run_local_process(label: str, flags: List[str], log_dir: str) -> Run:
+  """ps_trainer alone in one process (local mode)."""
+  os.makedirs(log_dir, exist_ok=True)
+  log_path = os.path.join(log_dir, "local.log")
+  started = time.monotonic()
+  process = _start([sys.executable, "-m", "ps_trainer", *flags,
+                    f"--log_dir={log_dir}"], log_path)
+  return _finish(label, log_dir, log_path,
+                 _wait(process, label, log_path), started)
+
+
+def run_local_cluster(label: str, num_ps: int, num_workers: int,
+                      flags: List[str], log_dir: str,
+                      isolate: bool = False) -> Run:
+  """ps_trainer on a cluster of this machine, through `launch.sh local`.
+
+  `isolate`: give the cluster a private network namespace of its own; the
+  bench and compare run inside one already.
+  """
+  os.makedirs(log_dir, exist_ok=True)
+  log_path = os.path.join(log_dir, "launch.log")
+  command = [LAUNCHER, "local", f"--num_ps={num_ps}",
+             f"--num_workers={num_workers}", *flags, f"--log_dir={log_dir}"]
+  if not isolate:
+    command.insert(2, "--no_isolate")
+  started = time.monotonic()
+  process = _start(command, log_path)
+  return _finish(label, log_dir, log_path, _wait(process, label, log_path),
+                 started)
+
+
+def free_ports(count: int) -> List[int]:
+  """Distinct free ports, all held open at once so none is handed out twice."""
+  sockets = [socket.socket() for _ in range(count)]
+  try:
+    for s in sockets:
+      s.bind(("", 0))
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str) -> Run:
+  """The plain TF1 pattern (plain_tf1.py) on 1 PS + 1 worker of this machine.
+
+  Its PS never exits by itself: it is stopped once the worker is done.
+  """
+  os.makedirs(log_dir, exist_ok=True)
+  ps_port, worker_port = free_ports(2)
+  common = [sys.executable, "-m", "ps_trainer.experiments.plain_tf1",
+            f"--ps_hosts=127.0.0.1:{ps_port}",
+            f"--worker_hosts=127.0.0.1:{worker_port}", *flags,
+            f"--log_dir={log_dir}"]
+  ps_log = os.path.join(log_dir, "ps-0.log")
+  worker_log = os.path.join(log_dir, "worker-0.log")
+  started = time.monotonic()
+  ps = _start(common + ["--job_name=ps", "--task_index=0"], ps_log)
+  try:
+    worker = _start(common + ["--job_name=worker", "--task_index=0"],
+                    worker_log)
+    status = _wait(worker, label, worker_log)
+  finally:
+    _stop_group(ps, grace_secs=5)
+  return _finish(label, log_dir, worker_log, status, started)
