@@ -33,6 +33,10 @@ Usage:
       turns (N rounds, default 3), then 2 workers async and sync; prints steps/s, examples/s, the
       ratio to local and where a traced step's time goes. Default work: the reference MLP on
       synthetic data (README: Performance); trainer flags replace parts of it.
+  ./launch.sh compare --out_dir=DIR [--num_ps=N] [--num_workers=M] [--target_loss=X] [trainer flags...]
+      Train the same job async and sync on a local cluster (default 1 PS + 2 workers) and write
+      DIR/comparison.md, .json and .png: speed, wall time, final and test loss, accuracy, time and
+      steps to a target loss, loss curves, and the async gradient staleness distribution.
   ./launch.sh test [pytest args...]
       Run the test suite (default: all of it, -q) with the dev requirements.
   ./launch.sh [trainer flags...]

@@ -54,6 +54,7 @@ class TrainConfig:
   wait_timeout_secs: int
   trace_steps: int = 0
   wire_dtype: str = "float32"
+  record_steps: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +127,10 @@ def from_flag_values(values: Mapping, tf_config: str,
           save_checkpoints_secs=_checkpoint_secs(values),
           log_every_steps=values["log_every_steps"],
           wait_timeout_secs=values["wait_timeout_secs"],
-          trace_steps=_trace_steps(values, cluster),
+          trace_steps=_per_worker_output(values, cluster, "trace_steps",
+                                         "traces"),
+          record_steps=bool(_per_worker_output(values, cluster,
+                                               "record_steps", "steps")),
           wire_dtype=values["wire_dtype"]))
 
 
@@ -148,15 +152,17 @@ def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:
   return requested
 
 
-def _trace_steps(values: Mapping, cluster) -> int:
-  steps = values["trace_steps"]
-  if steps and cluster is not None and not cluster.is_worker:
-    return 0  # Only replicas run steps; the PS ops appear in their traces.
-  if steps and not values["log_dir"] and cluster is not None:
+def _per_worker_output(values: Mapping, cluster, flag: str, subdir: str):
+  """The value of a flag that makes each worker write under its --log_dir."""
+  value = values[flag]
+  if value and cluster is not None and not cluster.is_worker:
+    return type(value)()  # Only replicas run steps; PS ops show in theirs.
+  if value and not values["log_dir"] and cluster is not None:
+    shown = f"--{flag}" if value is True else f"--{flag}={value}"
     raise ConfigError(
-        f"--trace_steps={steps} needs --log_dir on this worker: traces go to "
-        "<log_dir>/traces/")
-  return steps
+        f"{shown} needs --log_dir on this worker: it writes to "
+        f"<log_dir>/{subdir}/")
+  return value
 
 
 def _checkpoint_secs(values: Mapping) -> Optional[int]:

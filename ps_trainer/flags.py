@@ -110,6 +110,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       f"{' | '.join(WIRE_DTYPES)}. bfloat16 halves the bytes of variable "
       "reads and gradients; the PS keeps, updates and checkpoints float32. "
       "No effect in local mode.")
+  define_boolean(
+      "record_steps", False,
+      "Each worker appends one JSON line per step to <log_dir>/steps/"
+      "<task>.jsonl: time, global step, loss and, in async mode, the "
+      "gradient's staleness (updates by others between its read and its "
+      "apply). ./launch.sh compare turns it on.")
   # Faults.
   define_integer(
       "wait_timeout_secs", 600,

@@ -12,6 +12,7 @@ Times on different hosts come from different clocks; on one host they agree.
 import dataclasses
 import json
 import os
+import re
 from typing import Callable, Iterable, List, Optional
 
 import tensorflow as tf
@@ -29,13 +30,25 @@ def is_ps_device(device: str) -> bool:
   return "/job:ps/" in device
 
 
+# A receive across tasks: "[0.8MB] [426.1Mb/s] edge_28_x from /job:ps/... to ...".
+_RPC_LABEL = re.compile(r"^\[([\d.]+)([KMG]?i?B)\] \[[^\]]*\] edge_\S* from ")
+_UNITS = {"B": 1, "KB": 1e3, "KiB": 1024, "MB": 1e6, "MiB": 1 << 20,
+          "GB": 1e9, "GiB": 1 << 30}
+
+
 def _is_transfer(node) -> bool:
   label = node.timeline_label or node.node_name
+  if node.node_name == "RecvTensor" or _RPC_LABEL.match(label):
+    return True
   op = label.split(" = ", 1)[-1].split("(", 1)[0].strip()
-  return op in _TRANSFER_OPS or node.node_name.startswith(("_Recv", "_Send"))
+  return op in _TRANSFER_OPS
 
 
 def _received_bytes(node) -> int:
+  """Bytes a receive brought in: from its label (RPCs), else its outputs."""
+  match = _RPC_LABEL.match(node.timeline_label or "")
+  if match:
+    return int(float(match.group(1)) * _UNITS.get(match.group(2), 1))
   return sum(out.tensor_description.allocation_description.requested_bytes
              for out in node.output)
 

@@ -22,6 +22,7 @@ from ps_trainer import resume
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
+from ps_trainer import step_record
 from ps_trainer import stops
 from ps_trainer import sync
 from ps_trainer import tracing
@@ -43,6 +44,8 @@ class TrainGraph:
   graph: tf.Graph
   global_step: tf.Variable
   global_step_read: tf.Tensor  # What every hook fetches: one read per step.
+  # Async: the global step right after this step's own increment; else None.
+  applied_step: Optional[tf.Tensor]
   loss: tf.Tensor
   train_op: tf.Operation
   train_input: data.Input
@@ -117,10 +120,14 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       # Async: the optimizer's constants (the learning rate) go where the
       # updates run, not to the worker, which would send them to the PS on
       # every step. Sync keeps its own placement (its queues and local step).
-      with tf.device(global_step.device if reads and not sync_optimizer
-                     else None):
+      applied_step = None
+      if sync_optimizer is not None:
         train_op = optimizer.apply_gradients(grads_and_vars,
                                              global_step=global_step)
+      else:
+        with tf.device(global_step.device if reads else None):
+          train_op, applied_step = _apply_and_count(
+              optimizer, grads_and_vars, global_step)
       own_signature = run_signature.of(cfg, dataset.input_shape,
                                        dataset.num_classes)
       # Not checkpointed: the chief sets it afresh each start (PublishHook).
@@ -145,13 +152,26 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
     done_signals = server_lib.DoneSignals(info) if info else None
   return TrainGraph(
       graph=graph, global_step=global_step, global_step_read=global_step_read,
-      loss=loss, train_op=train_op,
+      applied_step=applied_step, loss=loss, train_op=train_op,
       train_input=train_input, evaluate=_evaluator(test_input, eval_sums),
       saver=saver, chief_start=chief_start, model_variables=model_variables,
       model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
       done_signals=done_signals,
       signature=signature, signature_published=signature_published,
       own_signature=own_signature)
+
+
+def _apply_and_count(optimizer, grads_and_vars, global_step):
+  """Applies the update, then adds 1 to the global step, as apply_gradients
+  does; also returns the global step read right after this step's increment
+  (step_record.py's staleness; another worker's increment may slip in)."""
+  update = optimizer.apply_gradients(grads_and_vars)
+  with tf.control_dependencies([update]), \
+      tf.compat.v1.colocate_with(global_step):
+    increment = global_step.assign_add(1, read_value=False)
+    with tf.control_dependencies([increment]):
+      applied_step = global_step.read_value()
+  return increment, applied_step
 
 
 # Where TF's hooks (checkpoints, summaries, StopAtStepHook) find the tensor
@@ -305,6 +325,10 @@ def _hooks(cfg, tg: TrainGraph, target: str, session_config,
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),
         _file_stem(cfg), cfg.task_name))
+  if cfg.train.record_steps:
+    every_replica.append(step_record.StepRecordHook(
+        os.path.join(cfg.train.log_dir, "steps", f"{_file_stem(cfg)}.jsonl"),
+        tg.loss, tg.global_step_read, tg.applied_step))
   if tg.sync_optimizer is not None:
     every_replica.append(
         _sync_hook(cfg, tg, target, session_config, stop, others))

@@ -37,6 +37,7 @@ _DEFAULTS = {
     "log_dir": "", "save_checkpoints_steps": None, "save_checkpoints_secs": None,
     "log_every_steps": 100,
     "wait_timeout_secs": 600, "trace_steps": 0, "wire_dtype": "float32",
+    "record_steps": False,
 }
 
 # 1 PS + 2 workers on flags; worker 1 needs no --log_dir.
@@ -311,13 +312,20 @@ class ConfigTest(parameterized.TestCase):
   def test_tracing_a_worker_needs_its_log_dir(self):
     with self.assertRaisesRegex(
         config.ConfigError,
-        r"^--trace_steps=5 needs --log_dir on this worker: traces go to "
+        r"^--trace_steps=5 needs --log_dir on this worker: it writes to "
         r"<log_dir>/traces/$"):
       config.from_flag_values(_values(trace_steps=5, **_WORKER_1), "")
+    with self.assertRaisesRegex(
+        config.ConfigError,
+        r"^--record_steps needs --log_dir on this worker: it writes to "
+        r"<log_dir>/steps/$"):
+      config.from_flag_values(_values(record_steps=True, **_WORKER_1), "")
 
   def test_a_ps_ignores_trace_steps(self):
-    cfg = config.from_flag_values(_values(trace_steps=5, **_PS_0), "")
+    cfg = config.from_flag_values(
+        _values(trace_steps=5, record_steps=True, **_PS_0), "")
     self.assertEqual(cfg.train.trace_steps, 0)
+    self.assertFalse(cfg.train.record_steps)
 
   def test_chief_keeps_its_log_dir(self):
     cfg = config.from_flag_values(_values(log_dir="/tmp/run", **_WORKER_0), "")

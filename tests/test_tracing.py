@@ -20,9 +20,10 @@ def _step(nodes):
   for device, name, op, start, duration, out_bytes in nodes:
     if device not in devices:
       devices[device] = stats.dev_stats.add(device=device)
+    label = op if op.startswith("[") else f"{name} = {op}(x)"
     node = devices[device].node_stats.add(
         node_name=name, all_start_micros=start, all_end_rel_micros=duration,
-        timeline_label=f"{name} = {op}(x)")
+        timeline_label=label)
     if out_bytes:
       node.output.add().tensor_description.allocation_description \
           .requested_bytes = out_bytes
@@ -38,6 +39,9 @@ class SplitStepTest(absltest.TestCase):
         (WORKER, "recv_w", "_Recv", 1000, 2000, 1_000_000),
         # 2000-4000: compute, overlapping the end of the receive.
         (WORKER, "matmul", "MatMul", 2000, 2000, 0),
+        # An RPC receive as TF labels it; its size is in the label.
+        (WORKER, "RecvTensor", "[0.2MB] [100.0Mb/s] edge_3_w from /job:ps/x to",
+         2500, 500, 0),
         # 5000-6000: the PS receives the gradient and applies it; the gap
         # 4000-5000 is "other".
         (PS, "recv_g", "_Recv", 5000, 500, 400_000),
@@ -48,10 +52,10 @@ class SplitStepTest(absltest.TestCase):
     self.assertAlmostEqual(split.ms["transfer"], 1.5)  # 1000-2000, 5000-5500
     self.assertAlmostEqual(split.ms["compute"], 2.0)
     self.assertAlmostEqual(split.ms["other"], 1.0)
-    self.assertEqual(split.bytes_to_worker, 1_000_000)
+    self.assertEqual(split.bytes_to_worker, 1_200_000)
     self.assertEqual(split.bytes_to_ps, 400_000)
     self.assertIn("6.00 ms per step: compute 2.00, PS 1.50, transfer 1.50, "
-                  "other 1.00; 1.00 MB to the worker, 0.40 MB to the PS",
+                  "other 1.00; 1.20 MB to the worker, 0.40 MB to the PS",
                   tracing.describe(split))
 
   def test_mean_of_steps(self):

@@ -26,8 +26,8 @@ from typing import Dict, List, Optional
 from absl import app
 from absl import flags
 
-from ps_trainer import flags as trainer_flags
 from ps_trainer.experiments import runs
+from ps_trainer.experiments import trainer_args
 
 REFERENCE_WORK = {
     "model": "mlp", "hidden_units": "256,256", "dataset": "synthetic",
@@ -52,41 +52,10 @@ flags.DEFINE_string("bench_dir", "", "Where the runs write (default: a new "
                     "runs/bench-YYYYmmdd-HHMMSS).")
 
 
-class BenchError(ValueError):
-  """Flags the bench cannot run with. The message is one line."""
-
-
-def trainer_args(argv: List[str]) -> Dict[str, str]:
-  """The reference work overridden by the --name=value trainer flags in argv.
-
-  Raises:
-    BenchError: an argument that is not --name=value of a trainer flag that
-      the bench may set (it builds the clusters and log dirs itself).
-  """
-  values = dict(REFERENCE_WORK)
-  known = set(trainer_flags.define_flags(flags.FlagValues()))
-  owned = {"ps_hosts", "worker_hosts", "job_name", "task_index", "log_dir",
-           "num_workers", "sync_replicas", "replicas_to_aggregate",
-           "trace_steps"}
-  for arg in argv:
-    name, _, value = arg.lstrip("-").partition("=")
-    if not arg.startswith("--") or name not in known:
-      raise BenchError(f"{arg}: not a trainer flag (--name=value); see "
-                       "./launch.sh --helpfull")
-    if name in owned:
-      raise BenchError(f"{arg}: the bench sets --{name} itself")
-    values[name] = value
-  return values
-
-
-def _check_values(values: Dict[str, str]) -> None:
-  """Runs the trainer's own flag checks, so a typo fails before any run."""
-  fv = flags.FlagValues()
-  trainer_flags.define_flags(fv)
-  try:
-    fv(["bench"] + [f"--{k}={v}" for k, v in values.items()])
-  except flags.Error as e:
-    raise BenchError(str(e)) from None
+# Set by the bench for each run.
+_OWNED = {"ps_hosts", "worker_hosts", "job_name", "task_index", "log_dir",
+          "num_workers", "sync_replicas", "replicas_to_aggregate",
+          "trace_steps"}
 
 
 def plain_tf1_args(values: Dict[str, str]) -> Optional[List[str]]:
@@ -209,9 +178,8 @@ def table(result: dict) -> str:
 
 def main(argv):
   try:
-    values = trainer_args(argv[1:])
-    _check_values(values)
-  except BenchError as e:
+    values = trainer_args.parse(argv[1:], _OWNED, REFERENCE_WORK)
+  except trainer_args.ArgsError as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 2
   bench_dir = os.path.abspath(FLAGS.bench_dir or os.path.join(

@@ -1,0 +1,115 @@
+"""`./launch.sh bench` and `./launch.sh compare` as a user runs them (multi-process).
+
+Short runs: the figures here are not the performance targets (those need
+the full bench, README: Performance); these tests check that each command
+runs every setup it promises and writes what it promises.
+"""
+
+import json
+import os
+import subprocess
+
+from absl.testing import absltest
+
+import testutil
+
+RUN_TIMEOUT_SECS = 420
+
+
+def _run(args, timeout=RUN_TIMEOUT_SECS):
+  proc = subprocess.run(
+      [testutil.LAUNCH_SH, *args], stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+      env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT), check=False)
+  return (proc.returncode, proc.stdout.decode("utf-8", "replace"),
+          proc.stderr.decode("utf-8", "replace"))
+
+
+class BadInputTest(absltest.TestCase):
+
+  def test_compare_needs_an_out_dir(self):
+    code, _, err = _run(["compare", "--no_isolate", "--train_steps=10"], 60)
+    self.assertEqual(code, 2)
+    self.assertEqual(err.strip().splitlines(), [
+        "compare: error: --out_dir is required: the directory for "
+        "comparison.md/.json/.png and both runs"])
+
+  def test_bench_refuses_what_is_not_a_trainer_flag_and_what_it_sets(self):
+    for arg, says in (("--no_such_flag=1", "--no_such_flag=1: not a trainer "
+                                           "flag (--name=value)"),
+                      ("--sync_replicas", "--sync_replicas: set for each run "
+                                          "by this command itself"),
+                      ("--batch_size=0", "flag --batch_size=0: must be >= 1")):
+      code, _, err = _run(["bench", "--no_isolate", arg], 60)
+      self.assertEqual(code, 2, err)
+      lines = err.strip().splitlines()
+      self.assertLen(lines, 1, err)
+      self.assertStartsWith(lines[0], "bench: error: ")
+      self.assertIn(says, lines[0])
+
+
+class BenchTest(absltest.TestCase):
+
+  def test_one_round_runs_every_setup_and_reports_the_split(self):
+    bench_dir = testutil.make_tempdir(self)
+    code, out, err = _run(["bench", "--rounds=1", "--json",
+                           f"--bench_dir={bench_dir}", "--train_steps=300"])
+    self.assertEqual(code, 0, err[-3000:])
+    figures = json.loads(out)
+    by_label = {run["label"]: run for run in figures["runs"]}
+    self.assertEqual(set(by_label), {
+        "local (1 process)", "1 PS + 1 worker", "plain TF1, 1 PS + 1 worker",
+        "1 PS + 2 workers, async", "1 PS + 2 workers, sync"})
+    for run in figures["runs"]:
+      self.assertGreater(run["steps_per_sec"], 0, run["label"])
+    self.assertEqual(by_label["local (1 process)"]["vs_local"], 1.0)
+    self.assertGreater(figures["cluster_vs_local"], 0)
+    self.assertGreater(figures["cluster_vs_plain_tf1"], 0)
+    # The reference MLP moves about 1.07 MB each way per step, in one packed
+    # tensor each way; a local step moves nothing.
+    split = by_label["1 PS + 1 worker"]["split"]
+    self.assertBetween(split["bytes_to_worker"], 0.9e6, 1.3e6)
+    self.assertBetween(split["bytes_to_ps"], 0.9e6, 1.3e6)
+    self.assertEqual(by_label["local (1 process)"]["split"]["bytes_to_worker"],
+                     0)
+    with open(os.path.join(bench_dir, "bench.json")) as f:
+      self.assertEqual(json.load(f), figures)
+    for name in ("cluster-0", "local-0", "sync-2"):
+      self.assertTrue(os.path.exists(os.path.join(bench_dir, name,
+                                                  "result.json")), name)
+    self.assertTrue(os.path.exists(os.path.join(bench_dir, "cluster-0",
+                                                "traces", "chief.json")))
+
+
+class CompareTest(absltest.TestCase):
+
+  def test_writes_the_table_the_curves_and_the_staleness(self):
+    out_dir = testutil.make_tempdir(self)
+    code, out, err = _run(["compare", f"--out_dir={out_dir}",
+                           "--train_steps=300", "--log_every_steps=100"])
+    self.assertEqual(code, 0, err[-3000:])
+    with open(os.path.join(out_dir, "comparison.json")) as f:
+      figures = json.load(f)
+    modes = {m["mode"]: m for m in figures["modes"]}
+    self.assertEqual(set(modes), {"async", "sync"})
+    for mode in modes.values():
+      self.assertGreaterEqual(mode["global_step"], 300)
+      self.assertGreater(mode["test_accuracy"], 0.8)
+      self.assertIsNotNone(mode["to_target"])  # Both reach the default target.
+    # Both workers record every step of theirs: together at least 300.
+    stale = modes["async"]["staleness"]
+    self.assertGreaterEqual(stale["steps"], 300)
+    self.assertEqual(sum(stale["counts"].values()), stale["steps"])
+    self.assertIsNone(modes["sync"]["staleness"])
+    with open(os.path.join(out_dir, "comparison.md")) as f:
+      text = f.read()
+    self.assertIn("| async |", text)
+    self.assertIn("| sync |", text)
+    self.assertIn("## Gradient staleness (async)", text)
+    self.assertIn(text.strip().splitlines()[0], out)
+    with open(os.path.join(out_dir, "comparison.png"), "rb") as f:
+      self.assertEqual(f.read(4), b"\x89PNG")
+
+
+if __name__ == "__main__":
+  absltest.main()

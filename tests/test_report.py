@@ -1,0 +1,110 @@
+"""compare's figures and files from step records, and the records a step writes."""
+
+import json
+import os
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from ps_trainer import step_record
+from ps_trainer.experiments import report
+import testutil
+
+
+def _records(losses, staleness=None, start=1000.0, step_secs=0.01):
+  out = []
+  for i, loss in enumerate(losses):
+    record = {"time": start + i * step_secs, "step": i + 1, "loss": loss,
+              "worker": "chief"}
+    if staleness is not None:
+      record["staleness"] = staleness[i]
+    out.append(record)
+  return out
+
+
+def _run(steps_per_sec, records, accuracy=0.9):
+  return {"result": {"steps_per_sec": steps_per_sec,
+                     "examples_per_sec": steps_per_sec * 64,
+                     "wall_secs": 3.0, "loss": 0.1, "accuracy": accuracy,
+                     "global_step": len(records)},
+          "wall_secs": 10.0, "records": records}
+
+
+class FiguresTest(absltest.TestCase):
+
+  def test_staleness_distribution(self):
+    dist = report.staleness(_records([1.0] * 10,
+                                     staleness=[0] * 6 + [1] * 3 + [5]))
+    self.assertEqual(dist["steps"], 10)
+    self.assertAlmostEqual(dist["mean"], 0.8)
+    self.assertEqual((dist["median"], dist["p90"], dist["max"]), (0, 1, 5))
+    self.assertEqual(dist["counts"], {"0": 6, "1": 3, "5": 1})
+    self.assertIsNone(report.staleness(_records([1.0] * 3)))
+
+  def test_target_loss_is_the_worse_final_loss_and_both_modes_reach_it(self):
+    fast = np.linspace(2.0, 0.2, 200).tolist()   # final 0.2
+    slow = np.linspace(2.0, 0.5, 200).tolist()   # final 0.5
+    fig = report.figures({"async": _run(100, _records(fast, [0] * 200)),
+                          "sync": _run(50, _records(slow))}, None)
+    # Smoothing lags a falling loss a little behind its last value.
+    self.assertAlmostEqual(fig["target_loss"], 0.5 + 12 * 1.5 / 199, places=3)
+    to_target = {m["mode"]: m["to_target"] for m in fig["modes"]}
+    self.assertEqual(to_target["sync"]["step"], 200)
+    self.assertLess(to_target["async"]["step"], 200)
+    self.assertAlmostEqual(to_target["async"]["seconds"],
+                           (to_target["async"]["step"] - 1) * 0.01)
+
+  def test_a_given_target_that_a_mode_never_reaches(self):
+    fig = report.figures({"sync": _run(50, _records([1.0] * 50))}, 0.1)
+    self.assertIsNone(fig["modes"][0]["to_target"])
+    self.assertIn("| sync | 50.0 |", report.markdown(fig, "cmd"))
+
+  def test_writes_the_three_files(self):
+    out_dir = testutil.make_tempdir(self)
+    fig = report.figures(
+        {"async": _run(100, _records([2.0, 1.0, 0.5], [0, 2, 1])),
+         "sync": _run(50, _records([2.0, 1.5, 1.0]))}, None)
+    paths = report.write(fig, out_dir, "./launch.sh compare --out_dir=x")
+    md, js, png = paths
+    with open(md) as f:
+      text = f.read()
+    self.assertIn("| mode | steps/s | examples/s | wall time (s) |", text)
+    self.assertIn("## Gradient staleness (async)", text)
+    self.assertIn("| 2 | 1 | 33.3% |", text)
+    with open(js) as f:
+      data = json.load(f)
+    self.assertEqual([m["mode"] for m in data["modes"]], ["async", "sync"])
+    self.assertEqual(data["command"], "./launch.sh compare --out_dir=x")
+    with open(png, "rb") as f:
+      self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+    self.assertGreater(os.path.getsize(png), 10_000)
+
+
+class StepRecordHookTest(absltest.TestCase):
+
+  def test_one_line_per_step_with_the_staleness_of_its_update(self):
+    path = os.path.join(testutil.make_tempdir(self), "steps", "worker-1.jsonl")
+    graph = tf.Graph()
+    with graph.as_default():
+      step = tf.compat.v1.train.get_or_create_global_step()
+      read = tf.identity(step.read_value())
+      other = tf.compat.v1.assign_add(step, 3)  # Three updates by "others".
+      with tf.control_dependencies([read]):
+        with tf.control_dependencies([other]):
+          own = tf.compat.v1.assign_add(step, 1)
+      loss = tf.constant(0.5)
+      hook = step_record.StepRecordHook(path, loss, read, own,
+                                        clock=iter([10.0, 11.0]).__next__)
+      with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+        session.run(own.op)
+        session.run(own.op)
+    with open(path) as f:
+      lines = [json.loads(line) for line in f]
+    self.assertEqual(lines, [
+        {"time": 10.0, "loss": 0.5, "step": 4, "staleness": 3},
+        {"time": 11.0, "loss": 0.5, "step": 8, "staleness": 3}])
+
+
+if __name__ == "__main__":
+  absltest.main()
