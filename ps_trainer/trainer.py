@@ -287,7 +287,9 @@ def _run_session(cfg, tg: TrainGraph, target: str, session_config,
         while not session.should_stop():
           session.run(tg.train_op)
     except tf.errors.InvalidArgumentError as e:
-      if e.op is None or LOSS_CHECK_NAME not in e.op.name:
+      # Compiled runs (session.py) raise without `op`; the message names it.
+      if (LOSS_CHECK_NAME not in (e.op.name if e.op is not None else "") and
+          f"{{{{node {LOSS_CHECK_NAME}}}}}" not in (e.message or "")):
         raise
       raise Diverged(_diverged_message(cfg, hooks.progress)) from None
 
