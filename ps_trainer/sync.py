@@ -148,7 +148,25 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
             coord.request_stop(e)
           except Exception:  # pylint: disable=broad-except
             pass  # Already joined: the session is being recovered anyway.
+          self._release_after_failure(session)
         return
+
+  def _release_after_failure(self, session):
+    """Hands every replica a token after the sync thread failed (a PS died).
+
+    The chief's own step, and the other workers', may be blocked on the
+    token queue of a PS that is still up: nothing would ever end them, and
+    the chief would not see the coordinator's stop request that starts its
+    recovery (CI run: 2 PS, ps 1 killed while both workers waited for
+    tokens; both gave up after --wait_timeout_secs). With a token each, the
+    steps return, the chief recovers, and the workers' next steps meet the
+    lost PS and recover too.
+    """
+    try:
+      session.run(self._release_op, options=tf.compat.v1.RunOptions(
+          timeout_in_ms=5000))
+    except Exception:  # pylint: disable=broad-except
+      pass  # The PS holding the queue is gone: the blocked steps fail anyway.
 
   def end(self, session):
     if self._is_chief:

@@ -99,7 +99,9 @@ def main(unused_argv):
   if is_chief and FLAGS.log_dir:
     os.makedirs(FLAGS.log_dir, exist_ok=True)
     with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
-      json.dump({"steps_per_sec": _steady_rate(marks),
+      steps_per_sec = _steady_rate(marks)
+      json.dump({"steps_per_sec": steps_per_sec,
+                 "examples_per_sec": steps_per_sec * FLAGS.batch_size,
                  "global_step": marks[-1][1] if marks else 0}, f)
 
 
