@@ -148,10 +148,11 @@ class HostsNetnsTest(absltest.TestCase):
         f"before: {step_at_return})"))
 
   def test_async_job_survives_a_worker_link_down_mid_run(self):
-    # The chief goes on alone at 75-150 steps/s while worker1 is cut off, which with TCP's
-    # retransmission back-off lasts ~14 s for an 8 s cut (~1,500 steps): worker1 returns at about
-    # half of the 4,000 steps.
-    self.cut_worker1_link_mid_run(4000, cut_at_step=500)
+    # The chief goes on alone at 150-350 steps/s while worker1 is cut off, which with TCP's
+    # retransmission back-off lasts ~12-14 s for a 10 s cut (up to ~4,500 steps): worker1 returns
+    # before half of the 10,000 steps. (With 4,000, a CI run's chief finished 2 s after the link
+    # came back, before worker1 logged a step.)
+    self.cut_worker1_link_mid_run(10000, cut_at_step=500)
 
   def test_sync_job_survives_a_worker_link_down_mid_run(self):
     # Every step needs worker1's gradient, so the global step stands still while it is cut off.
