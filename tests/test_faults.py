@@ -114,7 +114,7 @@ class FaultyCluster(watch.TaskWatch):
                    *self.flags]
     # Runs that were killed: name -> (process, exit status).
     self.killed: Dict[str, Tuple[testutil.Process, Optional[int]]] = {}
-    # Each log's size right after the kill: what follows was printed after it.
+    # Each log's size just before the kill: what follows was printed after it.
     self.kill_offsets: Dict[str, int] = {}
     for name in self.tasks:
       self.start(name)
@@ -171,6 +171,13 @@ class FaultyCluster(watch.TaskWatch):
     """SIGKILL to name's process group; waits (bounded) until it is gone."""
     self.poll()
     proc = self.procs[name]
+    # Before the signal: a fast survivor may print its reaction ("lost the session") while the
+    # victim is still being reaped (a CI run lost that line when the sizes were taken after).
+    for other in self.tasks:
+      try:
+        self.kill_offsets[other] = os.path.getsize(self.log_path(other))
+      except OSError:
+        self.kill_offsets[other] = 0
     proc.signal_group(signal.SIGKILL)
     deadline = time.monotonic() + 10
     while testutil.group_alive(proc.pid) and time.monotonic() < deadline:
@@ -179,11 +186,6 @@ class FaultyCluster(watch.TaskWatch):
       status = proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
       status = None
-    for other in self.tasks:
-      try:
-        self.kill_offsets[other] = os.path.getsize(self.log_path(other))
-      except OSError:
-        self.kill_offsets[other] = 0
     self.killed[name] = (proc, status)
     self.note(f"{name} KILLED (SIGKILL to its process group; exit status {status})")
     if status is None:
