@@ -92,9 +92,9 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
       eval_sums = models.eval_sums(
           _logits(cfg, dataset, test_input.features), test_input.labels)
-      reads = (packing.PackedReads(tf.compat.v1.trainable_variables(),
-                                   packing.WIRE_DTYPES[cfg.train.wire_dtype])
-               if info else None)
+      trainable = tf.compat.v1.trainable_variables()
+      wire_dtype = packing.WIRE_DTYPES[cfg.train.wire_dtype]
+      reads = packing.PackedReads(trainable, wire_dtype) if info else None
       with tf.compat.v1.variable_scope(
           tf.compat.v1.get_variable_scope(),
           custom_getter=reads.variable_getter() if reads else None):
@@ -115,16 +115,15 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
         grads_and_vars = optimizer.compute_gradients(loss)
       else:
         grads_and_vars = packing.pack_gradients(
-            packing.gradients(loss, tf.compat.v1.trainable_variables(), reads),
-            packing.WIRE_DTYPES[cfg.train.wire_dtype])
-      # Async: the optimizer's constants (the learning rate) go where the
-      # updates run, not to the worker, which would send them to the PS on
-      # every step. Sync keeps its own placement (its queues and local step).
+            packing.gradients(loss, trainable, reads), wire_dtype)
       applied_step = None
       if sync_optimizer is not None:
+        # Sync keeps its own placement (its queues and local step).
         train_op = optimizer.apply_gradients(grads_and_vars,
                                              global_step=global_step)
       else:
+        # The optimizer's constants (the learning rate) go where the updates
+        # run, not to the worker, which would send them to the PS each step.
         with tf.device(global_step.device if reads else None):
           train_op, applied_step = _apply_and_count(
               optimizer, grads_and_vars, global_step)
