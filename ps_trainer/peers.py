@@ -16,7 +16,7 @@ class Peers:
 
   Args:
     cfg: the run's configuration.
-    tg: the replica's trainer.TrainGraph.
+    tg: the replica's train_graph.TrainGraph.
     target: this task's server target.
     session_config: the task's ConfigProto.
     stop: the task's stops.StopRequest.

@@ -1,24 +1,20 @@
-"""Builds the training graph under the device function and runs the session loop.
+"""Runs the session loop of one training task: hooks, session, end of run.
 
-The same graph trains alone in one process (local mode, no device function)
-or as one replica of a cluster; only the device function, the session target
-and the end-of-run signals differ.
+train_graph.py builds the graph; here it is trained, alone (local mode) or as
+one replica of a cluster, where the session target and the end-of-run
+signals differ.
 """
 
 import dataclasses
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 import tensorflow as tf
 
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import hooks as hooks_lib
-from ps_trainer import models
-from ps_trainer import packing
 from ps_trainer import peers
-from ps_trainer import placement
-from ps_trainer import resume
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
@@ -26,194 +22,20 @@ from ps_trainer import step_record
 from ps_trainer import stops
 from ps_trainer import sync
 from ps_trainer import tracing
+from ps_trainer import train_graph
 from ps_trainer import waits
 
-EVAL_BATCH_SIZE = 1000
 SUMMARY_STEPS = 100
-# Names the check that stops a run whose loss is no longer a number.
-LOSS_CHECK_NAME = "loss_is_finite"
 
 
 class Diverged(RuntimeError):
   """The loss became NaN or Inf. The message is one line."""
 
 
-@dataclasses.dataclass
-class TrainGraph:
-  """The ops a run needs, all in `graph`."""
-  graph: tf.Graph
-  global_step: tf.Variable
-  global_step_read: tf.Tensor  # What every hook fetches: one read per step.
-  # Async: the global step right after this step's own increment; else None.
-  applied_step: Optional[tf.Tensor]
-  loss: tf.Tensor
-  train_op: tf.Operation
-  train_input: data.Input
-  evaluate: Callable  # (session) -> {"loss", "accuracy"} on the test split.
-  saver: tf.compat.v1.train.Saver
-  chief_start: resume.ChiefStart
-  # Every global variable but the signature, and which of them lack a value.
-  model_variables: list
-  model_not_ready: tf.Tensor
-  sync_optimizer: Optional[tf.compat.v1.train.SyncReplicasOptimizer]
-  done_signals: Optional[server_lib.DoneSignals]
-  # The chief's run signature on the PS (see run_signature.py), whether it
-  # is there yet, and this task's own.
-  signature: tf.Variable
-  signature_published: tf.Tensor
-  own_signature: dict
-
-
 def examples_per_global_step(cfg: config_lib.Config) -> int:
   """Examples one global step consumes: one batch, or one per aggregated replica."""
   replicas = cfg.train.replicas_to_aggregate if cfg.train.sync_replicas else 1
   return cfg.data.batch_size * replicas
-
-
-def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
-  """Builds the training and evaluation graph for this task.
-
-  Variables go to the PS tasks through the device function; in local mode
-  there is none and everything stays in this process.
-  """
-  info = cfg.cluster
-  graph = tf.Graph()
-  with graph.as_default():
-    tf.compat.v1.set_random_seed(cfg.train.seed)
-    device_fn = placement.device_function(info) if info else None
-    with tf.compat.v1.device(device_fn):
-      global_step = tf.compat.v1.train.get_or_create_global_step()
-      global_step_read = _cache_global_step_read(graph, global_step)
-      train_input = data.train_input(
-          dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
-          shard_index=cfg.replica_index, seed=cfg.train.seed)
-      # The evaluation graph first: it creates the variables, which the
-      # packed reads of the training graph need (packing.py).
-      test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
-      eval_sums = models.eval_sums(
-          _logits(cfg, dataset, test_input.features), test_input.labels)
-      trainable = tf.compat.v1.trainable_variables()
-      wire_dtype = packing.WIRE_DTYPES[cfg.train.wire_dtype]
-      reads = packing.PackedReads(trainable, wire_dtype) if info else None
-      with tf.compat.v1.variable_scope(
-          tf.compat.v1.get_variable_scope(),
-          custom_getter=reads.variable_getter() if reads else None):
-        logits = _logits(cfg, dataset, train_input.features)
-      loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
-      # The update depends on this check (and its gradient on the gradient's
-      # own check), so a NaN or Inf loss stops the step before any variable
-      # changes: the model and the checkpoints stay good.
-      loss = tf.debugging.check_numerics(loss, "loss is NaN or Inf",
-                                         name=LOSS_CHECK_NAME)
-      optimizer = sync.make_optimizer(cfg.train.optimizer,
-                                      cfg.train.learning_rate)
-      sync_optimizer = None
-      if cfg.train.sync_replicas:
-        optimizer = sync_optimizer = sync.wrap_sync(
-            optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers)
-      if reads is None:
-        grads_and_vars = optimizer.compute_gradients(loss)
-      else:
-        grads_and_vars = packing.pack_gradients(
-            packing.gradients(loss, trainable, reads), wire_dtype)
-      applied_step = None
-      if sync_optimizer is not None:
-        # Sync keeps its own placement (its queues and local step).
-        train_op = optimizer.apply_gradients(grads_and_vars,
-                                             global_step=global_step)
-      else:
-        # The optimizer's constants (the learning rate) go where the updates
-        # run, not to the worker, which would send them to the PS each step.
-        with tf.device(global_step.device if reads else None):
-          train_op, applied_step = _apply_and_count(
-              optimizer, grads_and_vars, global_step)
-      own_signature = run_signature.of(cfg, dataset.input_shape,
-                                       dataset.num_classes)
-      # Not checkpointed: the chief sets it afresh each start (PublishHook).
-      signature = tf.compat.v1.get_variable(
-          "ps_trainer/run_signature", trainable=False,
-          initializer=tf.constant(run_signature.encode(own_signature)))
-      signature_published = tf.compat.v1.is_variable_initialized(signature)
-      # Only non-chief workers run it; spare the others TF's "never used" dump.
-      getattr(signature_published, "mark_used", lambda: None)()
-    tf.compat.v1.summary.scalar("loss", loss)
-    tf.compat.v1.summary.scalar("train_accuracy", accuracy)
-    model_variables = [v for v in tf.compat.v1.global_variables()
-                       if v is not signature]
-    with tf.compat.v1.device(info.task_device if info else None):
-      model_not_ready = waits.report_uninitialized(model_variables)
-      chief_start = resume.ChiefStart(model_variables, model_not_ready,
-                                      global_step,
-                                      sync=cfg.train.sync_replicas)
-      # Not sharded: the chief writes the whole checkpoint into its own
-      # --log_dir, so bare hosts need no shared file system.
-      saver = chief_start.saver(sharded=False, max_to_keep=5)
-    done_signals = server_lib.DoneSignals(info) if info else None
-  return TrainGraph(
-      graph=graph, global_step=global_step, global_step_read=global_step_read,
-      applied_step=applied_step, loss=loss, train_op=train_op,
-      train_input=train_input, evaluate=_evaluator(test_input, eval_sums),
-      saver=saver, chief_start=chief_start, model_variables=model_variables,
-      model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
-      done_signals=done_signals,
-      signature=signature, signature_published=signature_published,
-      own_signature=own_signature)
-
-
-def _apply_and_count(optimizer, grads_and_vars, global_step):
-  """Applies the update, then adds 1 to the global step, as apply_gradients
-  does; also returns the global step read right after this step's increment
-  (step_record.py's staleness; another worker's increment may slip in)."""
-  update = optimizer.apply_gradients(grads_and_vars)
-  with tf.control_dependencies([update]), \
-      tf.compat.v1.colocate_with(global_step):
-    increment = global_step.assign_add(1, read_value=False)
-    with tf.control_dependencies([increment]):
-      applied_step = global_step.read_value()
-  return increment, applied_step
-
-
-# Where TF's hooks (checkpoints, summaries, StopAtStepHook) find the tensor
-# they read the global step through (training_util.GLOBAL_STEP_READ_KEY).
-_GLOBAL_STEP_READ_KEY = "global_step_read_op_cache"
-
-
-def _cache_global_step_read(graph: tf.Graph, global_step) -> tf.Tensor:
-  """Gives the hooks a plain read of the global step.
-
-  Left to themselves they build a cond (initialized ? read : initial value)
-  whose predicate, switch and branches sit on different tasks: three
-  round trips between worker and PS on every step, on the step's critical
-  path (seen in a --trace_steps trace). The model is initialized before any
-  hook reads it, so the cond guards nothing here.
-  """
-  with tf.name_scope("global_step_read"):
-    read = tf.identity(global_step.read_value())
-  graph.add_to_collection(_GLOBAL_STEP_READ_KEY, read)
-  return read
-
-
-def _logits(cfg, dataset, features):
-  return models.build_logits(cfg.model.model, features, dataset.input_shape,
-                             dataset.num_classes, cfg.model.hidden_units)
-
-
-def _evaluator(test_input: data.Input, sums):
-  """Returns (session) -> exact test-set loss and accuracy."""
-  def evaluate(session):
-    session.run(test_input.initializer, feed_dict=test_input.feed_dict)
-    loss_sum = correct = count = 0
-    while True:
-      try:
-        batch_loss, batch_correct, batch_count = session.run(sums)
-      except tf.errors.OutOfRangeError:
-        break
-      loss_sum += float(batch_loss)
-      correct += float(batch_correct)
-      count += int(batch_count)
-    return {"loss": loss_sum / max(count, 1),
-            "accuracy": correct / max(count, 1)}
-  return evaluate
 
 
 @dataclasses.dataclass
@@ -244,7 +66,7 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
     waits.Stopped: a stop was requested while waiting for them.
   """
   stop = stop or stops.StopRequest(cfg.task_name)
-  tg = build_graph(cfg, dataset)
+  tg = train_graph.build_graph(cfg, dataset)
   session_config = (server_lib.session_config(cfg.cluster) if cfg.cluster
                     else None)
   others = peers.Peers(cfg, tg, target, session_config, stop)
@@ -266,7 +88,7 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
   return hooks.result.result if hooks.result else None
 
 
-def _run_session(cfg, tg: TrainGraph, target: str, session_config,
+def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                  hooks: _Hooks, others: peers.Peers,
                  stop: stops.StopRequest) -> None:
   """The session loop: train until a hook says stop."""
@@ -287,8 +109,9 @@ def _run_session(cfg, tg: TrainGraph, target: str, session_config,
           session.run(tg.train_op)
     except tf.errors.InvalidArgumentError as e:
       # Compiled runs (session.py) raise without `op`; the message names it.
-      if (LOSS_CHECK_NAME not in (e.op.name if e.op is not None else "") and
-          f"{{{{node {LOSS_CHECK_NAME}}}}}" not in (e.message or "")):
+      check = train_graph.LOSS_CHECK_NAME
+      if (check not in (e.op.name if e.op is not None else "") and
+          f"{{{{node {check}}}}}" not in (e.message or "")):
         raise
       raise Diverged(_diverged_message(cfg, hooks.progress)) from None
 
@@ -306,7 +129,7 @@ def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
   return message
 
 
-def _hooks(cfg, tg: TrainGraph, target: str, session_config,
+def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
            stop: stops.StopRequest, others: peers.Peers) -> _Hooks:
   per_step = examples_per_global_step(cfg)
   throughput = hooks_lib.Throughput(cfg.train.train_steps)
@@ -349,7 +172,7 @@ def _file_stem(cfg: config_lib.Config) -> str:
   return cfg.task_name.replace(" ", "-")
 
 
-def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
+def _scaffold(tg: train_graph.TrainGraph) -> tf.compat.v1.train.Scaffold:
   """The chief keeps a model the PS holds (resume.py); the signature is set
   by the chief's PublishHook, so readiness does not wait for it."""
   with tg.graph.as_default():
@@ -361,7 +184,7 @@ def _scaffold(tg: TrainGraph) -> tf.compat.v1.train.Scaffold:
         ready_for_local_init_op=tg.model_not_ready)
 
 
-def _sync_hook(cfg, tg: TrainGraph, target: str, session_config,
+def _sync_hook(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                stop: stops.StopRequest, others: peers.Peers):
   def new_session():
     return tf.compat.v1.Session(target, graph=tg.graph, config=session_config)
