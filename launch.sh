@@ -37,6 +37,14 @@ Usage:
       Train the same job async and sync on a local cluster (default 1 PS + 2 workers) and write
       DIR/comparison.md, .json and .png: speed, wall time, final and test loss, accuracy, time and
       steps to a target loss, loss curves, and the async gradient staleness distribution.
+  ./launch.sh plan [--num_ps=N] [--num_workers=M] [--format=json] [trainer flags...]
+      Show where every variable and table part would go (default 1 PS, 2 workers), the bytes on
+      each PS and the bytes a worker moves per step, without starting anything (README: Large
+      models). Trainer flags pick the model and data, as for the run.
+  ./launch.sh clicks --out_dir=DIR [--train_examples=N] [--test_examples=N] [--vocab=N] [--shards=N]
+      Write a synthetic click data set for --model=wide_deep --dataset=tfrecord --data_dir=DIR
+      (default 200,000 training examples over 200,000 ids in 4 files); prints its majority-class
+      rate and the best accuracy any model can reach on it.
   ./launch.sh test [pytest args...]
       Run the test suite (default: all of it, -q) with the dev requirements.
   ./launch.sh [trainer flags...]
@@ -292,6 +300,8 @@ case "${1:-}" in
   test) shift; run_tests "$@" ;;
   local) shift; run_local "$@" ;;
   bench | compare) run_experiment "$@" ;;
+  plan) shift; bootstrap runtime; exec "$PY" -m ps_trainer.plan_main "$@" ;;
+  clicks) shift; bootstrap runtime; exec "$PY" -m ps_trainer.clicks "$@" ;;
   *)
     # One task: exec, so the trainer's PID is this script's (signals from a scheduler reach it).
     bootstrap runtime

@@ -31,6 +31,8 @@ class DataConfig:
 class ModelConfig:
   model: str
   hidden_units: tuple
+  vocab_size: int = 100_000  # wide_deep only, as is embedding_dim.
+  embedding_dim: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,12 +109,15 @@ def from_flag_values(values: Mapping, tf_config: str,
       values["ps_hosts"], values["worker_hosts"], values["job_name"],
       values["task_index"], tf_config, values["num_workers"])
   num_workers = cluster.num_workers if cluster else 1
+  _check_model_reads_data(values["model"], values["dataset"])
   return Config(
       cluster=cluster,
       data=DataConfig(values["dataset"], values["data_dir"],
                       values["data_path"], values["batch_size"]),
       model=ModelConfig(values["model"],
-                        flags_lib.parse_hidden_units(values["hidden_units"])),
+                        flags_lib.parse_hidden_units(values["hidden_units"]),
+                        vocab_size=values["vocab_size"],
+                        embedding_dim=values["embedding_dim"]),
       train=TrainConfig(
           optimizer=values["optimizer"],
           learning_rate=(
@@ -132,6 +137,34 @@ def from_flag_values(values: Mapping, tf_config: str,
           record_steps=bool(_per_worker_output(values, cluster,
                                                "record_steps", "steps")),
           wire_dtype=values["wire_dtype"]))
+
+
+def planned_worker(values: Mapping, num_ps: int, num_workers: int,
+                   worker: int = 0) -> dict:
+  """Flag values for worker `worker` of a cluster of this size whose hosts
+  need not exist: what a placement plan (plan.py) builds the graph for."""
+  planned = dict(values)
+  planned.update(
+      ps_hosts=",".join(f"ps{i}:2222" for i in range(num_ps)),
+      worker_hosts=",".join(f"worker{i}:2222" for i in range(num_workers)),
+      job_name="worker", task_index=worker, num_workers=None,
+      # The chief must have one; a plan writes nothing there.
+      log_dir=values.get("log_dir") or "plan")
+  return planned
+
+
+def _check_model_reads_data(model: str, dataset: str) -> None:
+  """wide_deep reads sparse click records, which no other model reads."""
+  if model == "wide_deep" and dataset != "tfrecord":
+    raise ConfigError(
+        f"--model=wide_deep needs click records with sparse ids, but "
+        f"--dataset={dataset} holds dense examples; use --dataset=tfrecord "
+        "--data_dir=DIR (README: Large models)")
+  if dataset == "tfrecord" and model != "wide_deep":
+    raise ConfigError(
+        f"--dataset=tfrecord holds click records (sparse ids, dense features, "
+        f"a 0/1 label), which --model={model} cannot read; use "
+        "--model=wide_deep")
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

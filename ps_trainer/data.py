@@ -15,6 +15,9 @@ Data sets:
   synthetic  MNIST-shaped noisy class templates, generated in-graph.
   mnist      the four standard IDX files in --data_dir.
   npz        a keras-layout .npz in --data_path.
+  tfrecord   click records (sparse ids, dense features, a 0/1 label) in
+             train* and test* TFRecord files in --data_dir, streamed from
+             disk rather than loaded (tfrecords.py).
 """
 
 import dataclasses
@@ -25,12 +28,13 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import readers
+from ps_trainer import tfrecords
 from ps_trainer.readers import DataError
 
-__all__ = ["DATASETS", "DataError", "DataSet", "Input", "load", "train_input",
-           "test_input"]
+__all__ = ["DATASETS", "DataError", "DataSet", "Input", "find_bad_records",
+           "load", "train_input", "test_input"]
 
-DATASETS = ("digits", "synthetic", "mnist", "npz")
+DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 
 DIGITS_PATH = os.path.join(os.path.dirname(__file__), "assets", "digits.npz")
 
@@ -56,25 +60,28 @@ class DataSet:
     input_shape: shape of one example, e.g. (8, 8, 1), (28, 28, 1) or (D,).
     num_classes: number of classes; labels are in [0, num_classes).
     x_train: float32 [N, *input_shape]; None for synthetic (generated
-      in-graph).
-    y_train: int64 [N]; None for synthetic.
-    x_test: float32 [M, *input_shape].
-    y_test: int64 [M].
+      in-graph) and tfrecord (streamed).
+    y_train: int64 [N]; None for synthetic and tfrecord.
+    x_test: float32 [M, *input_shape]; None for tfrecord.
+    y_test: int64 [M]; None for tfrecord.
+    records: the TFRecord files of tfrecord, else None.
   """
   name: str
   input_shape: tuple
   num_classes: int
   x_train: np.ndarray | None
   y_train: np.ndarray | None
-  x_test: np.ndarray
-  y_test: np.ndarray
+  x_test: np.ndarray | None
+  y_test: np.ndarray | None
+  records: tfrecords.RecordSet | None = None
 
 
 class Input(typing.NamedTuple):
   """The tensors of one input pipeline.
 
   Attributes:
-    features: float32 [batch, *input_shape].
+    features: float32 [batch, *input_shape]; for tfrecord a dict of "ids"
+      (int64 SparseTensor [batch, None]) and "dense" (float32 [batch, D]).
     labels: int64 [batch].
     initializer: run once per session, with feed_dict, before reading
       features or labels; running it again restarts the pipeline. None when
@@ -124,8 +131,25 @@ def load(name, data_dir="", data_path=""):
                               "--dataset=npz")
     return _from_arrays(name, arrays["x_train"], arrays["y_train"],
                         arrays["x_test"], arrays["y_test"])
+  if name == "tfrecord":
+    records = tfrecords.inspect(data_dir)
+    return DataSet(name, (records.dense_dim,), 2, None, None, None, None,
+                   records=records)
   raise DataError(f"--dataset={name}: unknown data set; accepted: "
                   f"{', '.join(DATASETS)}")
+
+
+def find_bad_records(ds):
+  """After the input pipeline failed: a one-line DataError message naming
+  the file and record at fault, or None (not a file of this data set).
+
+  Only streamed data sets can fail there; the others were read whole
+  before training.
+  """
+  if ds.records is None:
+    return None
+  return tfrecords.find_bad_record(
+      ds.records.train_files + ds.records.test_files, ds.records.dense_dim)
 
 
 def _from_arrays(name, x_train, y_train, x_test, y_test):
@@ -238,13 +262,15 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
   if not 0 <= shard_index < num_shards:
     raise DataError(f"shard_index={shard_index}: must be in [0, {num_shards})")
   shard_seed = seed + shard_index
+  if ds.records is not None:
+    return _iterator_input(tfrecords.train_dataset(
+        ds.records, batch_size, num_shards, shard_index, seed),
+                           initializable=False)
   if ds.x_train is None:  # synthetic: generated here, endless by itself.
     dataset = tf.data.Dataset.counter().map(
         lambda step: _synthetic_batch(step, batch_size, shard_seed))
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
-    features, labels = tf.compat.v1.data.make_one_shot_iterator(
-        dataset).get_next()
-    return Input(features, labels, None, {})
+    return _iterator_input(dataset.prefetch(tf.data.AUTOTUNE),
+                           initializable=False)
   if len(ds.x_train) < num_shards:
     raise DataError(
         f"--dataset={ds.name}: {len(ds.x_train)} training examples cannot "
@@ -271,7 +297,21 @@ def test_input(ds, batch_size):
     DataError: bad batch_size.
   """
   _check_positive(batch_size, "--batch_size")
+  if ds.records is not None:
+    return _iterator_input(tfrecords.test_dataset(ds.records, batch_size),
+                           initializable=True)
   return _array_input(ds.x_test, ds.y_test, batch_size, shuffle_seed=None)
+
+
+def _iterator_input(dataset, initializable):
+  """An Input over a tf.data pipeline that needs nothing fed."""
+  if not initializable:
+    features, labels = tf.compat.v1.data.make_one_shot_iterator(
+        dataset).get_next()
+    return Input(features, labels, None, {})
+  iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+  features, labels = iterator.get_next()
+  return Input(features, labels, iterator.initializer, {})
 
 
 def _array_input(x, y, batch_size, shuffle_seed):

@@ -10,9 +10,9 @@ import math
 
 from absl import flags
 
-MODELS = ("linear", "mlp", "cnn")
+MODELS = ("linear", "mlp", "cnn", "wide_deep")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
-DATASETS = ("digits", "synthetic", "mnist", "npz")
+DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 JOB_NAMES = ("ps", "worker", "chief", "evaluator")
 WIRE_DTYPES = ("float32", "bfloat16")
 # Rates that train every bundled model and data set in 1,000 steps.
@@ -55,11 +55,20 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
   # What to train.
   define_string("model", "mlp", f"Model: {' | '.join(MODELS)}.")
   define_string("hidden_units", "128,64",
-                      "Comma-separated hidden layer sizes of --model=mlp.")
+                "Comma-separated hidden layer sizes of --model=mlp and of the "
+                "deep part of --model=wide_deep.")
+  define_integer(
+      "vocab_size", 100_000,
+      "--model=wide_deep: rows of its embedding and wide weights; ids are "
+      "hashed into them (id mod vocab_size). With several PS tasks both are "
+      "split into one part per PS.")
+  define_integer("embedding_dim", 16,
+                 "--model=wide_deep: width of an id's embedding.")
   define_string("dataset", "digits", f"Data set: {' | '.join(DATASETS)}.")
   define_string("data_dir", "",
-                      "Directory with the four MNIST IDX files "
-                      "(--dataset=mnist).")
+                "Directory with the four MNIST IDX files (--dataset=mnist), "
+                "or with train* and test* TFRecord files of tf.train.Example "
+                "click records (--dataset=tfrecord; README: Large models).")
   define_string("data_path", "",
                       "Keras-layout .npz file (--dataset=npz).")
   # How to train.
@@ -176,6 +185,8 @@ def _register_validators(fv) -> None:
   _at_least(fv, "task_index", 0, allow_none=True)
   _at_least(fv, "num_workers", 1, allow_none=True)
   _at_least(fv, "batch_size", 1)
+  _at_least(fv, "vocab_size", 1)
+  _at_least(fv, "embedding_dim", 1)
   _at_least(fv, "train_steps", 1)
   _at_least(fv, "replicas_to_aggregate", 1, allow_none=True)
   _at_least(fv, "save_checkpoints_steps", 1, allow_none=True)

@@ -94,33 +94,11 @@ def _remove_if_empty(directories: list) -> None:
       return  # Not empty: it holds the run's files (and so do its parents).
 
 
-def _import_tensorflow_quietly():
-  """Imports TensorFlow with its C++ start-up notes hidden.
-
-  Its native libraries write CUDA probing and CPU-feature notes straight to
-  file descriptor 2 before any log setting applies; they would bury the
-  progress lines. If the import fails, the notes are shown after all.
-  """
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as capture:
-    os.dup2(capture.fileno(), 2)
-    try:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    except BaseException:
-      os.dup2(saved, 2)
-      capture.seek(0)
-      sys.stderr.write(capture.read().decode(errors="replace"))
-      raise
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-  return tf
-
-
 def _run_task(cfg) -> int:
   """Runs this task's role; user errors become one line and exit status 2."""
   stop = _receive_stop_signals(cfg)
-  tf = _import_tensorflow_quietly()
+  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
+  tf = quiet_import.tensorflow()
   from ps_trainer import data
   from ps_trainer import errors
   from ps_trainer import models
@@ -132,6 +110,7 @@ def _run_task(cfg) -> int:
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   info = cfg.cluster
+  dataset = None
   try:
     if info is not None and info.is_ps:
       return server_lib.run_ps(info, stop, cfg.train.wait_timeout_secs)
@@ -158,6 +137,11 @@ def _run_task(cfg) -> int:
   except tf.errors.OpError as e:
     if os.environ.get("PS_TRAINER_TRACEBACK"):
       raise
+    # A record read during training can be bad where the start-up check
+    # did not look; TF's message does not say which file holds it.
+    bad = data.find_bad_records(dataset) if dataset is not None else None
+    if bad:
+      _fail(bad)
     where = f" at {e.op.name}" if e.op is not None else ""
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "

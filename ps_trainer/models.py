@@ -2,36 +2,46 @@
 
 Keras layers do not work in TF1 graph mode on TF 2.21, and plain
 `get_variable` keeps every variable visible to the device function and to
-partitioners. Models know nothing of clusters. Variables live under the
-"model" scope with AUTO_REUSE, so the training and evaluation graphs share them.
+partitioners. Models know nothing of clusters: wide_deep is handed a
+partitioner for its tables and does not ask how many parts there are or
+where they go. Variables live under the "model" scope with AUTO_REUSE, so the
+training and evaluation graphs share them.
 """
 
 import numpy as np
 import tensorflow as tf
 
-MODELS = ("linear", "mlp", "cnn")
+MODELS = ("linear", "mlp", "cnn", "wide_deep")
 
 
 class ModelError(ValueError):
   """A model that cannot be built for this data. The message is one line."""
 
 
-def build_logits(model: str, features: tf.Tensor, input_shape: tuple,
-                 num_classes: int, hidden_units: tuple = ()) -> tf.Tensor:
+def build_logits(model: str, features, input_shape: tuple,
+                 num_classes: int, hidden_units: tuple = (),
+                 vocab_size: int = 0, embedding_dim: int = 0,
+                 partitioner=None) -> tf.Tensor:
   """Builds the model on `features` and returns its logits.
 
   Args:
     model: one of MODELS.
-    features: float32 [batch, *input_shape].
-    input_shape: one example's shape: (H, W, C) images or (D,) vectors.
-    num_classes: output classes.
-    hidden_units: layer sizes for "mlp".
+    features: float32 [batch, *input_shape]; for "wide_deep" a dict of
+      "ids" (int64 SparseTensor [batch, None]) and "dense" (float32
+      [batch, D]).
+    input_shape: one example's shape: (H, W, C) images or (D,) vectors
+      (the dense features of "wide_deep").
+    num_classes: output classes (2 for "wide_deep").
+    hidden_units: layer sizes for "mlp" and the deep part of "wide_deep".
+    vocab_size, embedding_dim: the tables of "wide_deep".
+    partitioner: splits the tables of "wide_deep" (a get_variable
+      partitioner), or None.
 
   Returns:
     float32 logits [batch, num_classes].
 
   Raises:
-    ModelError: unknown model, or "cnn" on data that is not an image.
+    ModelError: unknown model, or a model that cannot read this data.
   """
   with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
     if model == "linear":
@@ -43,6 +53,12 @@ def build_logits(model: str, features: tf.Tensor, input_shape: tuple,
       return _dense(net, num_classes, "logits")
     if model == "cnn":
       return _cnn(features, input_shape, num_classes)
+    if model == "wide_deep":
+      if not isinstance(features, dict) or num_classes != 2:
+        raise ModelError("--model=wide_deep predicts clicks from sparse ids: "
+                         "it needs --dataset=tfrecord")
+      return _wide_deep(features, vocab_size, embedding_dim, hidden_units,
+                        partitioner)
   raise ModelError(f"--model={model!r} is unknown; accepted: "
                    f"{', '.join(MODELS)}")
 
@@ -80,6 +96,44 @@ def _cnn(features: tf.Tensor, input_shape: tuple, num_classes: int):
   net = tf.reshape(net, [-1, int(np.prod(net.shape[1:]))])
   net = tf.nn.relu(_dense(net, 64, "dense"))
   return _dense(net, num_classes, "logits")
+
+
+def _wide_deep(features: dict, vocab_size: int, embedding_dim: int,
+               hidden_units: tuple, partitioner):
+  """Wide (linear over ids) plus deep (mean id embedding and dense -> MLP).
+
+  Both tables are read with sparse lookups, so their gradients are
+  IndexedSlices of the rows a batch touched, and an optimizer with a sparse
+  apply (sgd, momentum, adagrad) changes only those rows on the PS.
+
+  Returns [batch, 2] logits [0, z]: softmax over them is the sigmoid of z,
+  so the click model shares the classifiers' loss, accuracy and evaluation.
+  """
+  ids = features["ids"]
+  hashed = tf.SparseTensor(ids.indices,
+                           tf.math.floormod(ids.values, vocab_size),
+                           ids.dense_shape)
+  with tf.compat.v1.variable_scope("wide"):
+    wide_weights = tf.compat.v1.get_variable(
+        "weights", [vocab_size, 1], partitioner=partitioner,
+        initializer=tf.compat.v1.zeros_initializer())
+    wide_bias = tf.compat.v1.get_variable(
+        "bias", [1], initializer=tf.compat.v1.zeros_initializer())
+  # The safe lookup gives an example without ids a zero row instead of
+  # dropping it (and with it the batch's shape).
+  wide = tf.compat.v1.nn.safe_embedding_lookup_sparse(
+      wide_weights, hashed, combiner="sum") + wide_bias
+  with tf.compat.v1.variable_scope("deep"):
+    embedding = tf.compat.v1.get_variable(
+        "embedding", [vocab_size, embedding_dim], partitioner=partitioner,
+        initializer=tf.compat.v1.truncated_normal_initializer(
+            stddev=1.0 / np.sqrt(embedding_dim)))
+  net = tf.concat([tf.compat.v1.nn.safe_embedding_lookup_sparse(
+      embedding, hashed, combiner="mean"), features["dense"]], axis=1)
+  for i, units in enumerate(hidden_units):
+    net = tf.nn.relu(_dense(net, units, f"hidden{i}"))
+  click_logit = wide + _dense(net, 1, "deep_logit")
+  return tf.concat([tf.zeros_like(click_logit), click_logit], axis=1)
 
 
 def loss_and_accuracy(logits: tf.Tensor, labels: tf.Tensor):

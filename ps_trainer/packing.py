@@ -27,7 +27,11 @@ WIRE_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
 def _packable(variable) -> bool:
-  return variable.dtype.base_dtype == tf.float32 and bool(variable.device)
+  """Whole float32 variables on a PS; not the parts of a partitioned table,
+  which the model reads a few rows at a time (a packed read would move the
+  whole table every step)."""
+  return (variable.dtype.base_dtype == tf.float32 and bool(variable.device)
+          and variable._get_save_slice_info() is None)  # pylint: disable=protected-access
 
 
 def _by_device(variables) -> Dict[str, list]:
@@ -72,6 +76,8 @@ class PackedReads:
           self._values[variable.op.name] = tf.reshape(part, variable.shape)
 
   def value_of(self, variable) -> Optional[tf.Tensor]:
+    if not isinstance(variable, tf.Variable):
+      return None  # A PartitionedVariable: its parts are read by rows.
     return self._values.get(variable.op.name)
 
   def variable_getter(self):

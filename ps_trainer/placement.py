@@ -76,6 +76,18 @@ class GreedyByteBalancer:
     self._unchecked = still_unplaced
 
 
+def table_partitioner(num_ps: int):
+  """Splits a model's large tables into one part per PS task.
+
+  Equal parts of contiguous rows (what the lookups' "div" strategy expects);
+  the balancer then gives each PS one part of every table, since each part
+  goes to the PS holding fewest bytes so far. With one PS, or none (local
+  mode), the table is still one part: a partitioned variable is what tells
+  packing.py to leave a table to its row lookups.
+  """
+  return tf.compat.v1.fixed_size_partitioner(max(num_ps, 1))
+
+
 def device_function(info: cluster_lib.ClusterInfo):
   """The device function for a training replica of `info`'s cluster.
 

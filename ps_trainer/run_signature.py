@@ -20,7 +20,11 @@ def of(cfg, input_shape, num_classes: int) -> dict:
   return {
       "model": cfg.model.model,
       "hidden_units": (list(cfg.model.hidden_units)
-                       if cfg.model.model == "mlp" else None),
+                       if cfg.model.model in ("mlp", "wide_deep") else None),
+      "vocab_size": (cfg.model.vocab_size
+                     if cfg.model.model == "wide_deep" else None),
+      "embedding_dim": (cfg.model.embedding_dim
+                        if cfg.model.model == "wide_deep" else None),
       "input_shape": list(input_shape),
       "num_classes": num_classes,
       "optimizer": cfg.train.optimizer,

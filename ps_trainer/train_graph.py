@@ -176,8 +176,11 @@ def _cache_global_step_read(graph: tf.Graph, global_step) -> tf.Tensor:
 
 
 def _logits(cfg, dataset, features):
-  return models.build_logits(cfg.model.model, features, dataset.input_shape,
-                             dataset.num_classes, cfg.model.hidden_units)
+  return models.build_logits(
+      cfg.model.model, features, dataset.input_shape, dataset.num_classes,
+      cfg.model.hidden_units, vocab_size=cfg.model.vocab_size,
+      embedding_dim=cfg.model.embedding_dim,
+      partitioner=placement.table_partitioner(cfg.num_ps))
 
 
 def _evaluator(test_input: data.Input, sums):

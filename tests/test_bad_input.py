@@ -66,6 +66,23 @@ def _npz_length_mismatch(test, tmp):
   return {"npz": testutil.write_npz(os.path.join(tmp, "d.npz"), y_train=[0, 1, 2, 0])}
 
 
+def _click_dir(test, tmp):
+  """A small click data set in {tmp}/clicks: 2 train files of 200 records."""
+  del test
+  from ps_trainer import clicks  # pylint: disable=g-import-not-at-top
+  clicks.write_click_set(os.path.join(tmp, "clicks"), num_train=400, num_test=50,
+                         vocab=100, dense_dim=2, num_shards=2)
+  return {}
+
+
+def _click_dir_without_train(test, tmp):
+  _click_dir(test, tmp)
+  for name in os.listdir(os.path.join(tmp, "clicks")):
+    if name.startswith("train"):
+      os.remove(os.path.join(tmp, "clicks", name))
+  return {}
+
+
 def _port_in_use(test, tmp):
   del tmp
   # Held like a server holds it: every interface, listening, for the whole case.
@@ -131,11 +148,11 @@ _CASES = (
      ["--learning_rate=nan", "must be a finite number > 0"]),
     ("train_steps_0", None, ["--train_steps=0"], {}, ["--train_steps=0", "must be >= 1"]),
     ("unknown_model", None, ["--model=resnet"], {},
-     ["--model=resnet", "unknown value", "accepted: linear, mlp, cnn"]),
+     ["--model=resnet", "unknown value", "accepted: linear, mlp, cnn, wide_deep"]),
     ("unknown_optimizer", None, ["--optimizer=lbfgs"], {},
      ["--optimizer=lbfgs", "unknown value", "accepted: sgd, momentum, adam, adagrad"]),
     ("unknown_dataset", None, ["--dataset=imagenet"], {},
-     ["--dataset=imagenet", "unknown value", "accepted: digits, synthetic, mnist, npz"]),
+     ["--dataset=imagenet", "unknown value", "accepted: digits, synthetic, mnist, npz, tfrecord"]),
     ("hidden_units_malformed", None, ["--hidden_units=128,x"], {},
      ["--hidden_units=128,x", "expected comma-separated positive whole numbers", "256,128"]),
     ("hidden_units_zero", None, ["--hidden_units=128,0"], {},
@@ -175,6 +192,14 @@ _CASES = (
      ["--dataset=npz", "--data_path={npz}", _SHORT], {},
      ["--data_path={npz}", "x_train has 3 examples but y_train has 4",
       "each example needs exactly one label"]),
+    ("wide_deep_on_images", None, ["--model=wide_deep"], {},
+     ["--model=wide_deep needs click records with sparse ids", "--dataset=digits",
+      "use --dataset=tfrecord --data_dir=DIR"]),
+    ("tfrecord_without_data_dir", None, ["--model=wide_deep", "--dataset=tfrecord", _SHORT], {},
+     ["--data_dir is not set", "--dataset=tfrecord"]),
+    ("tfrecord_without_train_files", _click_dir_without_train,
+     ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks", _SHORT], {},
+     ["--data_dir={tmp}/clicks", "train"]),
     # Ports: checked after TensorFlow loads, before the server starts.
     ("port_in_use", _port_in_use,
      ["--ps_hosts=127.0.0.1:{port}", "--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps",
@@ -237,6 +262,34 @@ class BadInputTest(parameterized.TestCase):
       self.assertIn(word.format(**values), line, where)
     # A local run that failed leaves no empty runs/local-<time> behind.
     self.assertFalse(os.path.exists(os.path.join(tmp, "runs")), where)
+
+  def test_a_corrupt_record_met_while_training_is_named(self):
+    # Past the records checked at start-up: found by the pipeline, then
+    # named by a scan of the files (TF's own message names no file).
+    tmp = testutil.make_tempdir(self)
+    _click_dir(self, tmp)
+    from ps_trainer import tfrecords  # pylint: disable=g-import-not-at-top
+    path = os.path.join(tmp, "clicks", "train-00001-of-00002.tfrecord")
+    with open(path, "rb") as f:
+      raw = bytearray(f.read())
+    at = 0
+    for _ in range(150):  # Skip 150 records: length (8), CRC (4), payload, CRC (4).
+      at += 16 + int.from_bytes(raw[at:at + 8], "little")
+    raw[at + 15] ^= 0xFF  # A payload byte of record 150.
+    with open(path, "wb") as f:
+      f.write(bytes(raw))
+    tfrecords.inspect(os.path.join(tmp, "clicks"))  # Start-up sees only 100: no error.
+    argv = ["--model=wide_deep", "--dataset=tfrecord", f"--data_dir={tmp}/clicks",
+            "--vocab_size=100", "--train_steps=20", f"--log_dir={tmp}/run"]
+    code, stdout, stderr, secs = self._run(argv, _user_env({}), cwd=tmp)
+    where = f"\n({secs:.1f} s)\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}"
+    self.assertNotIn("Traceback", stdout + stderr, where)
+    self.assertEqual(code, 2, where)
+    lines = stderr.splitlines()
+    self.assertLen(lines, 1, where)
+    self.assertTrue(lines[0].startswith(_PREFIX), where)
+    self.assertIn(path, lines[0], where)
+    self.assertIn("record 150", lines[0], where)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Whole clusters started task by task, as users start them on real hosts.
 
 Multi-process and slow (~20 s each of TensorFlow start-up on 2 cores), so
-there are two, each covering several promises: per-host launch.sh, the PS that
-exits by itself, sync with a backup worker, and Kubeflow-style TF_CONFIG with a
-chief.
+there are few, each covering several promises: per-host launch.sh, the PS that
+exits by itself, sync with a backup worker, Kubeflow-style TF_CONFIG with a
+chief, and a click model's tables split over three PS.
 """
 
 import json
@@ -130,6 +130,34 @@ class ClusterRunTest(absltest.TestCase):
     self.assertIn("this worker's settings differ from the chief's", log)
     self.assertIn("sync_replicas=False here but True on the chief", log)
     self.assertNotIn("Traceback", log)
+
+  def test_wide_deep_on_three_ps_learns_clicks_in_sync(self):
+    """Tables in parts on 3 PS, sparse sync updates, TFRecord shards."""
+    from ps_trainer import clicks  # pylint: disable=g-import-not-at-top
+    log_dir = testutil.make_tempdir(self)
+    data_dir = os.path.join(log_dir, "clicks")
+    stats = clicks.write_click_set(data_dir, num_train=20_000, num_test=2_000,
+                                   vocab=1_000, num_shards=4, seed=3)
+    hosts = testutil.cluster_hosts(num_ps=3, num_workers=2)
+    common = [testutil.PYTHON, "-m", "ps_trainer",
+              f"--ps_hosts={hosts['ps_hosts']}",
+              f"--worker_hosts={hosts['worker_hosts']}", f"--log_dir={log_dir}",
+              "--model=wide_deep", "--dataset=tfrecord", f"--data_dir={data_dir}",
+              "--vocab_size=1000", "--optimizer=adagrad", "--sync_replicas",
+              "--train_steps=600", "--log_every_steps=200"]
+    tasks = [(f"ps-{i}", common + ["--job_name=ps", f"--task_index={i}"], None)
+             for i in range(3)]
+    tasks += [(f"worker-{i}", common + ["--job_name=worker", f"--task_index={i}"],
+               None) for i in range(2)]
+    self.wait_all(self.start_tasks(log_dir, tasks))
+
+    result = testutil.read_result_json(log_dir)
+    self.assertEqual(result["global_step"], 600)
+    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 3))
+    # Learned, not guessed: clearly above always answering the common label.
+    self.assertGreater(result["accuracy"], stats["majority_rate"] + 0.05,
+                       (result, stats))
+    testutil.assert_no_leftover(marker=log_dir)
 
 
 if __name__ == "__main__":

@@ -353,7 +353,7 @@ class LoadTest(parameterized.TestCase):
   def test_unknown_name(self):
     with self.assertRaisesRegex(
         data.DataError, r"^--dataset=cifar: unknown data set; accepted: "
-        r"digits, synthetic, mnist, npz$"):
+        r"digits, synthetic, mnist, npz, tfrecord$"):
       data.load("cifar")
 
   def test_package_does_not_import_sklearn(self):

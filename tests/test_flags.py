@@ -30,6 +30,7 @@ _DEFAULTS = {
     "ps_hosts": "", "worker_hosts": "", "job_name": "", "task_index": None,
     "num_workers": None,
     "model": "mlp", "hidden_units": "128,64", "dataset": "digits",
+    "vocab_size": 100_000, "embedding_dim": 16,
     "data_dir": "", "data_path": "",
     "batch_size": 64, "optimizer": "adam", "learning_rate": None,
     "train_steps": 1000, "sync_replicas": False, "replicas_to_aggregate": None,
@@ -138,7 +139,7 @@ class FlagDefaultsTest(absltest.TestCase):
 # (name, argv, pattern): absl's message is "flag --NAME=VALUE: REASON".
 _BAD_FLAGS = (
     ("model", ["--model=resnet"],
-     r"flag --model=resnet: unknown value; accepted: linear, mlp, cnn"),
+     r"flag --model=resnet: unknown value; accepted: linear, mlp, cnn, wide_deep"),
     ("optimizer", ["--optimizer=lbfgs"],
      r"flag --optimizer=lbfgs: unknown value; accepted: sgd, momentum, adam, "
      r"adagrad"),
@@ -378,6 +379,25 @@ class ConfigTest(parameterized.TestCase):
     self.assertEqual(cfg.data, config.DataConfig("npz", "", "/d/x.npz", 16))
     self.assertEqual(cfg.train.seed, 7)
 
+  def test_wide_deep_section(self):
+    cfg = config.from_flag_values(
+        _values(model="wide_deep", dataset="tfrecord", data_dir="/clicks",
+                vocab_size=200_000, embedding_dim=8, hidden_units="32"), "",
+        now=0)
+    self.assertEqual(cfg.model, config.ModelConfig("wide_deep", (32,),
+                                                   200_000, 8))
+
+  @parameterized.named_parameters(
+      ("wide_deep_on_images", dict(model="wide_deep", dataset="digits"),
+       r"^--model=wide_deep needs click records with sparse ids, but "
+       r"--dataset=digits holds dense examples; use --dataset=tfrecord"),
+      ("tfrecord_for_mlp", dict(model="mlp", dataset="tfrecord"),
+       r"^--dataset=tfrecord holds click records .*, which --model=mlp "
+       r"cannot read; use --model=wide_deep$"))
+  def test_model_and_data_must_fit(self, overrides, pattern):
+    with self.assertRaisesRegex(config.ConfigError, pattern):
+      config.from_flag_values(_values(**overrides), "", now=0)
+
   def test_config_is_frozen(self):
     cfg = config.from_flag_values(_values(), "", now=0)
     with self.assertRaises(AttributeError):
@@ -395,11 +415,11 @@ class ConfigTest(parameterized.TestCase):
 # the reason.
 _BINARY_CASES = (
     ("model", ["--model=resnet"], {},
-     r"--model=resnet: unknown value; accepted: linear, mlp, cnn"),
+     r"--model=resnet: unknown value; accepted: linear, mlp, cnn, wide_deep"),
     ("optimizer", ["--optimizer=lbfgs"], {},
      r"--optimizer=lbfgs: unknown value; accepted: sgd, momentum, adam, adagrad"),
     ("dataset", ["--dataset=imagenet"], {},
-     r"--dataset=imagenet: unknown value; accepted: digits, synthetic, mnist, npz"),
+     r"--dataset=imagenet: unknown value; accepted: digits, synthetic, mnist, npz, tfrecord"),
     ("job_name", ["--job_name=boss"], {},
      r"--job_name=boss: unknown job name; accepted: ps, worker, chief, evaluator"),
     ("batch_size", ["--batch_size=0"], {}, r"--batch_size=0: must be >= 1"),
@@ -414,6 +434,7 @@ _BINARY_CASES = (
      r"--replicas_to_aggregate=0: must be >= 1"),
     ("hidden_units", ["--hidden_units=12,x"], {},
      r"--hidden_units=12,x: expected comma-separated positive whole numbers"),
+    ("vocab_size", ["--vocab_size=0"], {}, r"--vocab_size=0: must be >= 1"),
     ("task_index", ["--task_index=-1"], {}, r"--task_index=-1: must be >= 0"),
     ("ps_hosts_without_port",
      ["--ps_hosts=nohostport", "--worker_hosts=a:1", "--job_name=ps",

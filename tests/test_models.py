@@ -148,7 +148,7 @@ class ModelErrorTest(tf.test.TestCase, parameterized.TestCase):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(
           models.ModelError,
-          rf"^--model={name!r} is unknown; accepted: linear, mlp, cnn$"):
+          rf"^--model={name!r} is unknown; accepted: linear, mlp, cnn, wide_deep$"):
         models.build_logits(name, _features((4,)), (4,), 2)
       self.assertEmpty(tf.compat.v1.global_variables())
 

@@ -1,0 +1,116 @@
+"""Tests for the placement plan (plan.py, `./launch.sh plan`).
+
+The plan is only worth reading if it is the truth: the CLI's JSON must equal
+the devices the trainer's own graph gets on every worker, and the balance it
+reports must hold for the large-table case the issue names.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from absl.testing import absltest
+import tensorflow as tf
+
+from ps_trainer import clicks
+from ps_trainer import config
+from ps_trainer import data
+from ps_trainer import plan
+from ps_trainer import train_graph
+import testutil
+
+tf.compat.v1.disable_eager_execution()
+
+_CLICK_FLAGS = ("--model=wide_deep", "--dataset=tfrecord", "--vocab_size=1000",
+                "--embedding_dim=8", "--hidden_units=16", "--optimizer=adagrad")
+
+
+def _values(*argv):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ps_trainer import flags as flags_lib  # pylint: disable=g-import-not-at-top
+  fv = flags.FlagValues()
+  flags_lib.define_flags(fv)
+  fv(["plan", *argv])
+  return fv.flag_values_dict()
+
+
+def _cfg(argv, num_ps, num_workers, worker=0):
+  return config.from_flag_values(
+      config.planned_worker(_values(*argv), num_ps, num_workers, worker), "")
+
+
+def _devices(cfg, dataset):
+  tg = train_graph.build_graph(cfg, dataset)
+  return {v["name"]: v["device"] for v in plan.variables_of(tg.graph)}
+
+
+class PlanTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.data_dir = os.path.join(
+        absltest.get_default_test_tmpdir(), "plan_clicks")
+    clicks.write_click_set(cls.data_dir, num_train=400, num_test=100,
+                           vocab=1000, dense_dim=3, num_shards=2, seed=1)
+
+  def test_cli_json_is_the_placement_every_worker_builds(self):
+    argv = _CLICK_FLAGS + (f"--data_dir={self.data_dir}",)
+    out = subprocess.run(
+        [sys.executable, "-m", "ps_trainer.plan_main", "--num_ps=3",
+         "--num_workers=2", "--format=json", *argv],
+        capture_output=True, text=True, timeout=120, cwd=str(testutil.REPO_ROOT),
+        env=testutil.trainer_env(), check=False)
+    self.assertEqual(out.returncode, 0, out.stderr)
+    printed = json.loads(out.stdout)
+    planned = {v["name"]: v["device"] for v in printed["variables"]}
+    dataset = data.load("tfrecord", self.data_dir)
+    for worker in (0, 1):
+      self.assertEqual(planned, _devices(_cfg(argv, 3, 2, worker), dataset),
+                       f"worker {worker}")
+    # Every part of both tables is there, one per PS.
+    for table in ("model/deep/embedding", "model/wide/weights"):
+      self.assertEqual(
+          sorted(planned[f"{table}/part_{i}"] for i in range(3)),
+          [f"/job:ps/task:{i}" for i in range(3)])
+    self.assertLen(printed["ps_bytes"], 3)
+    self.assertEqual(sum(printed["ps_bytes"]),
+                     sum(v["bytes"] for v in printed["variables"]))
+    self.assertGreater(printed["bytes_per_step_per_worker"], 0)
+
+  def test_four_ps_hold_a_200k_row_embedding_within_1_3x(self):
+    argv = ("--model=wide_deep", "--dataset=tfrecord",
+            f"--data_dir={self.data_dir}", "--vocab_size=200000",
+            "--embedding_dim=16")
+    for optimizer in ("adagrad", "adam"):
+      cfg = _cfg(argv + (f"--optimizer={optimizer}",), 4, 2)
+      result = plan.make(cfg, data.load("tfrecord", self.data_dir))
+      self.assertLessEqual(max(result["ps_bytes"]),
+                           1.3 * min(result["ps_bytes"]), result["ps_bytes"])
+      self.assertAlmostEqual(result["balance"],
+                             max(result["ps_bytes"]) / min(result["ps_bytes"]))
+
+  def test_bytes_per_step_of_a_dense_model(self):
+    # digits MLP 64-32-10: (64*32 + 32 + 32*10 + 10) floats, read and sent.
+    argv = ("--model=mlp", "--hidden_units=32", "--dataset=digits")
+    dense = (64 * 32 + 32 + 32 * 10 + 10) * 4
+    dataset = data.load("digits")
+    result = plan.make(_cfg(argv, 1, 1), dataset)
+    self.assertEqual(result["bytes_per_step_per_worker"], 2 * dense)
+    half = plan.make(_cfg(argv + ("--wire_dtype=bfloat16",), 1, 1), dataset)
+    self.assertEqual(half["bytes_per_step_per_worker"], dense)
+
+  def test_table_rows_count_per_step_not_the_table(self):
+    argv = _CLICK_FLAGS + (f"--data_dir={self.data_dir}", "--batch_size=32")
+    dataset = data.load("tfrecord", self.data_dir)
+    detail = plan.make(_cfg(argv, 2, 1), dataset)["bytes_per_step_detail"]
+    rows = 32 * dataset.records.mean_ids_per_example
+    self.assertAlmostEqual(detail["rows_per_table"], rows)
+    # Each row: 8 floats of embedding + 1 wide weight, plus an id per table.
+    self.assertAlmostEqual(detail["sparse_read"], rows * ((8 + 1) * 4 + 16))
+    self.assertLess(detail["sparse_read"], 1000 * 9 * 4)
+
+
+if __name__ == "__main__":
+  absltest.main()
