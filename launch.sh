@@ -22,9 +22,9 @@ EXIT_WAIT_SECS=${PS_TRAINER_EXIT_WAIT_SECS:-60}
 usage() {
   cat <<'EOF'
 Usage:
-  ./launch.sh local [--num_ps=N] [--num_workers=M] [--no_isolate] [trainer flags...]
+  ./launch.sh local [--num_ps=N] [--num_workers=M] [--evaluator] [--no_isolate] [trainer flags...]
       Run a whole cluster on this machine (default 1 PS, 2 workers; worker 0 is the chief and its
-      log is shown). Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
+      log is shown; --evaluator adds a task scoring each checkpoint into <log_dir>/eval.json). Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
       runs/local-YYYYmmdd-HHMMSS. The tasks run in a private network namespace with loopback only
       (--no_isolate: in this machine's network). Exits with the chief's status; Ctrl-C or SIGTERM
       stops every task after the chief's final checkpoint and leaves no task behind.
@@ -149,7 +149,7 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, I
 }
 
 run_local() {
-  local num_ps=1 num_workers=2 log_dir="" isolate=1 args=() i original=("$@")
+  local num_ps=1 num_workers=2 log_dir="" isolate=1 evaluator=0 args=() i original=("$@")
   while (($#)); do
     # The launcher builds the cluster itself; a user's cluster flags would silently fight it.
     if [[ $1 =~ ^--?(no)?(ps_hosts|worker_hosts|job_name|task_index)(=|$) ]]; then
@@ -160,6 +160,7 @@ run_local() {
       --num_workers=*) num_workers=${1#*=} ;;
       --log_dir=*) log_dir=${1#*=} ;;
       --no_isolate) isolate=0 ;;
+      --evaluator) evaluator=1 ;;
       --num_ps | --num_workers | --log_dir)
         (($# >= 2)) || DIE_STATUS=2 die "$1 needs a value"
         case $1 in
@@ -211,6 +212,10 @@ run_local() {
     start_task "worker-$i" "$log_dir/logs/worker-$i.log" \
       "$PY" -m ps_trainer --job_name=worker --task_index="$i" "${common[@]}" "${args[@]}"
   done
+  if ((evaluator)); then
+    start_task "evaluator-0" "$log_dir/logs/evaluator-0.log" \
+      "$PY" -m ps_trainer --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
+  fi
   msg "local cluster: ps $ps_hosts; workers $worker_hosts (worker-0 is the chief, its log follows); logs in $log_dir/logs/"
   tail -n +1 -f --pid="${TASK_PIDS[CHIEF]}" "${TASK_LOGS[CHIEF]}" &
   TAIL_PID=$!

@@ -167,11 +167,11 @@ def from_flags(ps_hosts: str, worker_hosts: str, job_name: str,
   """Builds the cluster from --ps_hosts/--worker_hosts/--job_name/--task_index."""
   ps = parse_hosts("--ps_hosts", ps_hosts)
   workers = parse_hosts("--worker_hosts", worker_hosts)
-  if job_name not in ("ps", "worker"):
+  if job_name not in ("ps", "worker", "evaluator"):
     raise ClusterError(
         f"--job_name={job_name!r} is not a task type of a --ps_hosts/"
-        "--worker_hosts cluster; accepted: ps, worker (chief and evaluator "
-        "come from TF_CONFIG)")
+        "--worker_hosts cluster; accepted: ps, worker, evaluator (chief "
+        "comes from TF_CONFIG)")
   if not ps:
     raise ClusterError(
         "--ps_hosts is empty; a cluster task needs at least one PS, e.g. "
@@ -181,8 +181,12 @@ def from_flags(ps_hosts: str, worker_hosts: str, job_name: str,
         "--worker_hosts is empty; a cluster task needs at least one worker, "
         "e.g. --worker_hosts=10.0.0.2:2222,10.0.0.3:2222")
   _check_unique("--ps_hosts/--worker_hosts", ps + workers)
-  own = ps if job_name == "ps" else workers
-  _check_index(f"--task_index={task_index}", job_name, task_index, len(own))
+  # The evaluator is outside the cluster (no host of its own): the host
+  # lists tell it only the job's shape.
+  if job_name != "evaluator":
+    own = ps if job_name == "ps" else workers
+    _check_index(f"--task_index={task_index}", job_name, task_index,
+                 len(own))
   return ClusterInfo(
       jobs={"ps": dict(enumerate(ps)), "worker": dict(enumerate(workers))},
       job_name=job_name, task_index=task_index,

@@ -219,4 +219,8 @@ def _log_dir(log_dir: str, cluster, now: Optional[float]) -> str:
     raise ConfigError(
         "--log_dir is required for the chief: checkpoints and result.json go "
         "there, and a restarted chief resumes from it")
+  if cluster.job_name == "evaluator":
+    raise ConfigError(
+        "--log_dir is required for the evaluator: it scores the checkpoints "
+        "the chief writes there (a directory both can reach)")
   return ""

@@ -43,9 +43,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "Comma-separated host:port of every worker task; worker 0 is the chief.")
   define_string(
       "job_name", "",
-      "This task's role with --ps_hosts/--worker_hosts: ps | worker (chief "
-      "and evaluator come from TF_CONFIG). Empty, with no TF_CONFIG: train "
-      "alone in this process (local mode).")
+      "This task's role with --ps_hosts/--worker_hosts: ps | worker | "
+      "evaluator (chief comes from TF_CONFIG). An evaluator scores each new "
+      "checkpoint in --log_dir. Empty, with no TF_CONFIG: train alone in "
+      "this process (local mode).")
   define_integer("task_index", None,
                        "This task's index in its job's host list, from 0.")
   define_integer(

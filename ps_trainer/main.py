@@ -54,9 +54,6 @@ def main(argv) -> int:
                                       os.environ.get("TF_CONFIG", ""))
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
-  if cfg.cluster is not None and cfg.cluster.job_name == "evaluator":
-    _fail("evaluator tasks (--job_name or TF_CONFIG task type \"evaluator\") "
-          "are not supported yet; run ps, worker or chief tasks")
   created = _check_log_dir(cfg.train.log_dir) if cfg.is_chief else []
   try:
     return _run_task(cfg)
@@ -101,6 +98,7 @@ def _run_task(cfg) -> int:
   tf = quiet_import.tensorflow()
   from ps_trainer import data
   from ps_trainer import errors
+  from ps_trainer import export
   from ps_trainer import models
   from ps_trainer import run_signature
   from ps_trainer import server as server_lib
@@ -116,17 +114,23 @@ def _run_task(cfg) -> int:
       return server_lib.run_ps(info, stop, cfg.train.wait_timeout_secs)
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
                         cfg.data.data_path)
+    if info is not None and info.job_name == "evaluator":
+      from ps_trainer import evaluator  # pylint: disable=g-import-not-at-top
+      evaluator.run(cfg, dataset, stop)
+      return 0
     target = ""
     if info is not None:
       target = server_lib.start_server(info).target
     print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}",
           flush=True)
-    trainer.train(cfg, dataset, target, stop)
+    result = trainer.train(cfg, dataset, target, stop)
+    if result is not None:  # A finished run, on the chief or alone.
+      export.export_and_record(cfg, dataset, result)
     return stop.exit_status() if stop.requested else 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
           run_signature.MismatchError) as e:
     _fail(str(e))
-  except (waits.WaitTimeout, trainer.Diverged) as e:
+  except (waits.WaitTimeout, trainer.Diverged, export.ExportError) as e:
     _fail(str(e), status=1)
   except waits.Stopped as e:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
@@ -154,6 +158,8 @@ def _receive_stop_signals(cfg):
   how = "stopping after the current step"
   if cfg.cluster is not None and cfg.cluster.is_ps:
     how = "stopping once the workers are done"
+  elif cfg.cluster is not None and cfg.cluster.job_name == "evaluator":
+    how = "stopping after the current evaluation"
   elif cfg.is_chief:
     how += ", with a final checkpoint"
   stop = stops.StopRequest(cfg.task_name, how)

@@ -71,9 +71,7 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
           shard_index=cfg.replica_index, seed=cfg.train.seed)
       # The evaluation graph first: it creates the variables, which the
       # packed reads of the training graph need (packing.py).
-      test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
-      eval_sums = models.eval_sums(
-          _logits(cfg, dataset, test_input.features), test_input.labels)
+      evaluate = build_evaluation(cfg, dataset)
       trainable = tf.compat.v1.trainable_variables()
       wire_dtype = packing.WIRE_DTYPES[cfg.train.wire_dtype]
       reads = packing.PackedReads(trainable, wire_dtype) if info else None
@@ -134,7 +132,7 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
   return TrainGraph(
       graph=graph, global_step=global_step, global_step_read=global_step_read,
       applied_step=applied_step, loss=loss, train_op=train_op,
-      train_input=train_input, evaluate=_evaluator(test_input, eval_sums),
+      train_input=train_input, evaluate=evaluate,
       saver=saver, chief_start=chief_start, model_variables=model_variables,
       model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
       done_signals=done_signals,
@@ -181,6 +179,18 @@ def _logits(cfg, dataset, features):
       cfg.model.hidden_units, vocab_size=cfg.model.vocab_size,
       embedding_dim=cfg.model.embedding_dim,
       partitioner=placement.table_partitioner(cfg.num_ps))
+
+
+def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet) -> Callable:
+  """Builds the test-split input and the model on it, in the default graph.
+
+  Returns:
+    (session) -> {"loss", "accuracy"}: exact figures over the whole split.
+  """
+  test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
+  sums = models.eval_sums(_logits(cfg, dataset, test_input.features),
+                          test_input.labels)
+  return _evaluator(test_input, sums)
 
 
 def _evaluator(test_input: data.Input, sums):

@@ -5,6 +5,7 @@ each run), so there are few of them, each bounded. Every task of a run has the r
 its command line, which is how leftovers are found.
 """
 
+import json
 import os
 import re
 import shutil
@@ -163,11 +164,18 @@ class LaunchLocalTest(absltest.TestCase):
     for name in ("ps-0", "worker-0", "worker-1"):
       self.assertNotIn("warning:", _read(os.path.join(log_dir, "logs", f"{name}.log")))
 
-  def test_local_sync_ends(self):
+  def test_local_sync_ends_and_its_evaluator_scores_the_final_checkpoint(self):
     # The classic failure: the chief stops and the other replica blocks forever on the token queue.
-    proc, log_dir = self._start_local("--train_steps=200", "--sync_replicas")
+    proc, log_dir = self._start_local("--train_steps=200", "--sync_replicas", "--evaluator")
     result = self._check_finished_run(proc, log_dir, sync=True)
     self.assertEqual(result["global_step"], 200, result)
+    # The evaluator exited by itself (no leftover) after scoring the final checkpoint.
+    with open(os.path.join(log_dir, "eval.json"), encoding="utf-8") as f:
+      scores = json.load(f)
+    self.assertEqual(scores[-1]["global_step"], 200, scores)
+    self.assertAlmostEqual(scores[-1]["accuracy"], result["accuracy"], places=6)
+    self.assertIn("evaluator: scored the final checkpoint",
+                  _read(os.path.join(log_dir, "logs", "evaluator-0.log")))
 
   def test_without_namespaces_says_so_in_one_line_and_runs(self):
     fake_bin = testutil.make_tempdir(self)
