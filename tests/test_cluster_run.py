@@ -2,8 +2,9 @@
 
 Multi-process and slow (~20 s each of TensorFlow start-up on 2 cores), so
 there are few, each covering several promises: per-host launch.sh, the PS that
-exits by itself, sync with a backup worker, Kubeflow-style TF_CONFIG with a
-chief, and a click model's tables split over three PS.
+exits by itself, sync with a backup worker, Kubeflow's sparse TF_CONFIG, and a
+click model's tables split over three PS. (The TF_CONFIG the operator writes
+for a chief, workers, a PS and an evaluator: test_tfjob.py.)
 """
 
 import json
@@ -54,35 +55,6 @@ class ClusterRunTest(absltest.TestCase):
     self.assertEqual((result["num_workers"], result["num_ps"]), (3, 1))
     self.assertGreater(result["accuracy"], 0.5)
     self.assertIn("every worker is done; exiting", procs["ps-0"].read_log())
-    testutil.assert_no_leftover(marker=log_dir)
-
-  def test_kubeflow_tf_config_with_chief_trains_and_exits(self):
-    """TF_CONFIG exactly as the TFJob operator writes it: chief, worker, ps."""
-    log_dir = testutil.make_tempdir(self)
-    hosts = testutil.cluster_hosts(num_ps=1, num_workers=2).values()
-    ps, workers = [h.split(",") for h in hosts]
-    cluster = {"chief": [workers[0]], "worker": [workers[1]], "ps": ps}
-
-    def env(task_type):
-      tf_config = {"cluster": cluster, "task": {"type": task_type, "index": 0},
-                   "environment": "cloud"}
-      return testutil.trainer_env({"TF_CONFIG": json.dumps(tf_config)})
-
-    argv = [testutil.PYTHON, "-m", "ps_trainer", f"--log_dir={log_dir}",
-            "--train_steps=200", "--log_every_steps=50"]
-    procs = self.start_tasks(log_dir, [
-        ("ps-0", argv, env("ps")), ("chief-0", argv, env("chief")),
-        ("worker-0", argv, env("worker"))])
-    self.wait_all(procs)
-
-    result = testutil.read_result_json(log_dir)
-    self.assertGreaterEqual(result["global_step"], 200)
-    self.assertFalse(result["sync_replicas"])
-    self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1))
-    self.assertGreater(result["accuracy"], 0.8)
-    self.assertIn("chief:", procs["chief-0"].read_log())
-    self.assertIn("worker 0:", procs["worker-0"].read_log())
-    self.assertFalse(os.path.exists(os.path.join(log_dir, "worker-0")))
     testutil.assert_no_leftover(marker=log_dir)
 
   def test_kubeflow_sparse_cluster_trains_in_sync_and_exits(self):

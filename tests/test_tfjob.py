@@ -157,6 +157,11 @@ class ManifestRunTest(absltest.TestCase):
     self.assertLessEqual(scores[-1]["global_step"], result["global_step"])
     self.assertAlmostEqual(scores[-1]["accuracy"], result["accuracy"], delta=0.02)
     self.assertTrue(os.path.isdir(result["export_dir"]), result)
+    self.assertIn("chief:", procs["chief-0"].read_log())
+    self.assertIn("worker 0:", procs["worker-0"].read_log())
+    self.assertIn("evaluator: scored the final checkpoint", procs["evaluator-0"].read_log())
+    # Only the chief writes into --log_dir; no task made a directory of its own there.
+    self.assertFalse(os.path.exists(os.path.join(log_dir, "worker-0")))
     testutil.assert_no_leftover(marker=run_dir)
 
 
