@@ -3,15 +3,16 @@
 Usage:
   python -m ps_trainer [flags]                      # train alone (local mode)
   python -m ps_trainer --ps_hosts=H:P,... --worker_hosts=H:P,...
-      --job_name=ps|worker --task_index=N [flags]   # one task of a cluster
+      --job_name=ps|worker|evaluator --task_index=N [flags]  # one task
   TF_CONFIG='{"cluster": ..., "task": ...}' python -m ps_trainer [flags]
 
 The role comes from --job_name/--task_index, else from TF_CONFIG (as Kubeflow
 writes it), else the process trains alone with the same graph. Worker 0 (or
 the TF_CONFIG chief) is the chief: it checkpoints into --log_dir, evaluates
-the test split at the end and writes <log_dir>/result.json. PS tasks exit once
-every worker is done. `./launch.sh local` starts a whole cluster on this
-machine. Flags: --helpfull.
+the test split at the end, writes <log_dir>/result.json and exports the model
+to <log_dir>/export/<step>/. PS tasks exit once every worker is done. An
+evaluator scores each new checkpoint into <log_dir>/eval.json (evaluator.py).
+`./launch.sh local` starts a whole cluster on this machine. Flags: --helpfull.
 """
 
 import os
