@@ -29,12 +29,15 @@ import time
 from absl import flags
 import numpy as np
 
+from ps_trainer import errors
 from ps_trainer import quiet_import
 
 if __name__ == "__main__":
   # Before tfrecords loads TensorFlow: its native start-up notes would bury
   # the summary line.
   quiet_import.tensorflow()
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from ps_trainer import tfrecords  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ps_trainer.readers import DataError  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -90,6 +93,15 @@ class _Task:
     return ids, dense, labels, probs
 
 
+def _write_whole(path, ids, dense, labels):
+  """Writes one file under a name --data_dir ignores, then renames it: an
+  interrupted run leaves no truncated train* file to fail mid-training."""
+  partial = os.path.join(os.path.dirname(path),
+                         ".partial-" + os.path.basename(path))
+  tfrecords.write_examples(partial, ids, dense, labels)
+  os.replace(partial, path)
+
+
 def write_click_set(out_dir, num_train=200_000, num_test=20_000,
                     vocab=200_000, dense_dim=4, num_shards=4, seed=0) -> dict:
   """Writes a synthetic click data set for --dataset=tfrecord.
@@ -138,13 +150,11 @@ def write_click_set(out_dir, num_train=200_000, num_test=20_000,
   train_dense = dense[:num_train] if dense_dim else None
   bounds = np.linspace(0, num_train, num_shards + 1).astype(int)
   for path, start, stop in zip(train_paths, bounds, bounds[1:]):
-    tfrecords.write_examples(
-        path, ids[start:stop],
-        None if train_dense is None else train_dense[start:stop],
-        labels[start:stop])
-  tfrecords.write_examples(test_path, ids[num_train:],
-                           dense[num_train:] if dense_dim else None,
-                           labels[num_train:])
+    _write_whole(path, ids[start:stop],
+                 None if train_dense is None else train_dense[start:stop],
+                 labels[start:stop])
+  _write_whole(test_path, ids[num_train:],
+               dense[num_train:] if dense_dim else None, labels[num_train:])
   test_labels, test_probs = labels[num_train:], probs[num_train:]
   test_positive = float(test_labels.mean())
   return {
@@ -205,6 +215,12 @@ def main(argv=None) -> int:
                             fv.vocab, fv.dense_dim, fv.shards, fv.seed)
   except DataError as e:
     print(f"clicks: error: {e}", file=sys.stderr)
+    return 2
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, "strerror", None) or errors.first_line(str(e))
+    print(f"clicks: error: --out_dir={fv.out_dir}: cannot write there "
+          f"({reason}); pass a directory this user can write",
+          file=sys.stderr)
     return 2
   print(f"clicks: wrote {stats['train_examples']} training examples in "
         f"{fv.shards} file(s) and {stats['test_examples']} test examples to "

@@ -8,8 +8,9 @@ started, killed and restarted at any time.
 
 For each checkpoint it has not scored yet it writes TensorBoard summaries
 under <log_dir>/eval/ and appends {global_step, loss, accuracy} to
-<log_dir>/eval.json. It exits once it has scored a checkpoint at or past
---train_steps: the chief's final one.
+<log_dir>/eval.json. It exits once the run has finished (the chief's
+result.json, at --train_steps or past it) and it has scored the checkpoint
+the chief wrote last.
 """
 
 import json
@@ -19,6 +20,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import stops
@@ -28,6 +30,13 @@ from ps_trainer import waits
 EVAL_JSON = "eval.json"
 EVAL_SUMMARY_DIR = "eval"
 _STEP_SUFFIX = re.compile(r"-(\d+)$")
+# A checkpoint interval longer than --wait_timeout_secs must not make the
+# evaluator give up between two checkpoints.
+_INTERVALS_TO_WAIT = 3
+
+
+class EvaluatorError(RuntimeError):
+  """The checkpoints are not of this model. The message is one line."""
 
 
 def _step_of(checkpoint: str) -> Optional[int]:
@@ -63,14 +72,26 @@ class _Evaluation:
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.global_step = tf.compat.v1.train.get_or_create_global_step()
-      # Same model, same table parts as the training graph: the checkpoint's
-      # variables restore by name, slices and all.
-      self.evaluate = train_graph.build_evaluation(cfg, dataset)
-      self.saver = tf.compat.v1.train.Saver(
-          tf.compat.v1.global_variables(), sharded=False)
+      # Tables whole: a restore assembles them from the parts the
+      # checkpoint holds, however many PS the job had.
+      self.evaluate = train_graph.build_evaluation(cfg, dataset,
+                                                   partitioner=None)
+      self.variables = tf.compat.v1.global_variables()
+      self.saver = tf.compat.v1.train.Saver(self.variables, sharded=False)
     self.graph.finalize()
 
   def score(self, session, checkpoint: str) -> dict:
+    """Restores `checkpoint` and scores it.
+
+    Raises:
+      EvaluatorError: the checkpoint is of another model.
+      tf.errors.OpError, ValueError: it cannot be read (deleted meanwhile).
+    """
+    problem = checkpoints.mismatch(checkpoint, self.variables)
+    if problem:
+      raise EvaluatorError(
+          f"the checkpoint {checkpoint} does not hold this model ({problem}); "
+          "start the evaluator with the training flags of the job")
     self.saver.restore(session, checkpoint)
     step = int(session.run(self.global_step))
     metrics = self.evaluate(session)
@@ -78,12 +99,29 @@ class _Evaluation:
             "accuracy": metrics["accuracy"]}
 
 
+def _finished_step(log_dir: str, train_steps: int) -> Optional[int]:
+  """The global step result.json reports for a run that reached
+  `train_steps`, else None (no result.json, or an earlier, shorter run's)."""
+  try:
+    with open(os.path.join(log_dir, "result.json"), encoding="utf-8") as f:
+      step = int(json.load(f)["global_step"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  return step if step >= train_steps else None
+
+
+def _gone(checkpoint: str) -> bool:
+  return not tf.compat.v1.train.checkpoint_exists(checkpoint)
+
+
 def run(cfg: config_lib.Config, dataset: data.DataSet,
         stop: stops.StopRequest, poll_secs: float = 1.0) -> None:
   """Scores checkpoints until the final one.
 
   Raises:
-    waits.WaitTimeout: no new checkpoint for --wait_timeout_secs.
+    EvaluatorError: the checkpoints are of another model.
+    waits.WaitTimeout: no new checkpoint for --wait_timeout_secs (or three
+      --save_checkpoints_secs intervals, when that is longer).
     waits.Stopped: a stop was requested.
   """
   log_dir = cfg.train.log_dir
@@ -102,9 +140,14 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
     return path
 
   def done() -> bool:
-    # The chief's last checkpoint is at --train_steps or a step or two past
-    # it (async); eval.json may hold scores of an earlier, shorter run.
-    return any(step >= cfg.train.train_steps for step in scored)
+    # Not "a score at --train_steps": in async mode a periodic checkpoint
+    # can land on it just before the final one, a step or two past.
+    if _finished_step(log_dir, cfg.train.train_steps) is None:
+      return False
+    return _step_of(tf.train.latest_checkpoint(log_dir) or "") in scored
+
+  timeout = max(cfg.train.wait_timeout_secs,
+                _INTERVALS_TO_WAIT * (cfg.train.save_checkpoints_secs or 0))
 
   with tf.compat.v1.Session(graph=evaluation.graph) as session:
     try:
@@ -112,14 +155,16 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
         waits.wait_until(
             lambda: new_checkpoint() is not None or done(),
             f"a new checkpoint in {log_dir} (the chief writes them)",
-            cfg.train.wait_timeout_secs, poll_secs=poll_secs,
+            timeout, poll_secs=poll_secs,
             note_every_secs=60, stop=stop)
         checkpoint = new_checkpoint()
         if checkpoint is None:
           continue
         try:
           score = evaluation.score(session, checkpoint)
-        except tf.errors.NotFoundError:
+        except (tf.errors.OpError, ValueError):
+          if not _gone(checkpoint):
+            raise
           # Deleted by the chief's max_to_keep between listing and reading:
           # a newer one is there.
           continue

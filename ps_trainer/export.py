@@ -24,6 +24,7 @@ from typing import Tuple
 
 import tensorflow as tf
 
+from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import errors
@@ -182,7 +183,9 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
                              name="classes")}
     # Only what build_logits created: the model's variables.
     model_variables = tf.compat.v1.global_variables()
-    _check_shapes(checkpoint, model_variables)
+    problem = checkpoints.mismatch(checkpoint, model_variables)
+    if problem:
+      raise _NotThisModel(problem)
     restore = tf.compat.v1.train.Saver(model_variables)
     signature = tf.compat.v1.saved_model.predict_signature_def(
         inputs=inputs, outputs=outputs)
@@ -194,21 +197,6 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
           signature_def_map={SIGNATURE_KEY: signature},
           strip_default_attrs=True)
       builder.save()
-
-
-def _check_shapes(checkpoint: str, variables) -> None:
-  """Raises _NotThisModel unless `checkpoint` holds each variable, same shape.
-
-  A restore does not check shapes: a table of another --vocab_size would
-  restore, and serve wrong predictions.
-  """
-  saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
-  for variable in variables:
-    name, shape = variable.op.name, variable.shape.as_list()
-    if name not in saved:
-      raise _NotThisModel(f"it has no {name}")
-    if saved[name] != shape:
-      raise _NotThisModel(f"{name} is {saved[name]} there, {shape} here")
 
 
 def _features(cfg, inputs: dict):

@@ -99,6 +99,7 @@ def _run_task(cfg) -> int:
   tf = quiet_import.tensorflow()
   from ps_trainer import data
   from ps_trainer import errors
+  from ps_trainer import evaluator
   from ps_trainer import export
   from ps_trainer import models
   from ps_trainer import run_signature
@@ -116,7 +117,6 @@ def _run_task(cfg) -> int:
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
                         cfg.data.data_path)
     if info is not None and info.job_name == "evaluator":
-      from ps_trainer import evaluator  # pylint: disable=g-import-not-at-top
       evaluator.run(cfg, dataset, stop)
       return 0
     target = ""
@@ -129,7 +129,7 @@ def _run_task(cfg) -> int:
       export.export_and_record(cfg, dataset, result)
     return stop.exit_status() if stop.requested else 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
-          run_signature.MismatchError) as e:
+          run_signature.MismatchError, evaluator.EvaluatorError) as e:
     _fail(str(e))
   except (waits.WaitTimeout, trainer.Diverged, export.ExportError) as e:
     _fail(str(e), status=1)
@@ -144,9 +144,10 @@ def _run_task(cfg) -> int:
       raise
     # A record read during training can be bad where the start-up check
     # did not look; TF's message does not say which file holds it.
-    bad = data.find_bad_records(dataset) if dataset is not None else None
-    if bad:
-      _fail(bad)
+    if dataset is not None and data.may_be_bad_records(dataset, e):
+      bad = data.find_bad_records(dataset)
+      if bad:
+        _fail(bad)
     where = f" at {e.op.name}" if e.op is not None else ""
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "

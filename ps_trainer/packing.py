@@ -23,6 +23,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import placement
+
 WIRE_DTYPES = {"float32": tf.float32, "bfloat16": tf.bfloat16}
 
 
@@ -31,7 +33,7 @@ def _packable(variable) -> bool:
   which the model reads a few rows at a time (a packed read would move the
   whole table every step)."""
   return (variable.dtype.base_dtype == tf.float32 and bool(variable.device)
-          and variable._get_save_slice_info() is None)  # pylint: disable=protected-access
+          and not placement.is_table_part(variable))
 
 
 def _by_device(variables) -> Dict[str, list]:

@@ -76,6 +76,12 @@ class GreedyByteBalancer:
     self._unchecked = still_unplaced
 
 
+def is_table_part(variable) -> bool:
+  """A part of a table split by table_partitioner: read by row lookups,
+  never whole (packing.py leaves it out; plan.py counts rows, not parts)."""
+  return variable._get_save_slice_info() is not None  # pylint: disable=protected-access
+
+
 def table_partitioner(num_ps: int):
   """Splits a model's large tables into one part per PS task.
 

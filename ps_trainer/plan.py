@@ -16,6 +16,7 @@ import tensorflow as tf
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import packing
+from ps_trainer import placement
 from ps_trainer import train_graph
 
 # Each looked-up row also carries its id to the PS and back with its gradient.
@@ -58,12 +59,12 @@ def step_bytes(tg: train_graph.TrainGraph, cfg: config_lib.Config,
   with tg.graph.as_default():
     trainable = tf.compat.v1.trainable_variables()
   dense_elements = sum(int(np.prod(v.shape.as_list())) for v in trainable
-                       if v._get_save_slice_info() is None)  # pylint: disable=protected-access
+                       if not placement.is_table_part(v))
   tables = collections.OrderedDict()  # Table name -> bytes of one row.
   for v in trainable:
-    info = v._get_save_slice_info()  # pylint: disable=protected-access
-    if info is not None:
-      tables[info.full_name] = int(np.prod(v.shape.as_list()[1:])) * 4
+    if placement.is_table_part(v):
+      full_name = v._get_save_slice_info().full_name  # pylint: disable=protected-access
+      tables[full_name] = int(np.prod(v.shape.as_list()[1:])) * 4
   ids = dataset.records.mean_ids_per_example if dataset.records else 0.0
   rows = cfg.data.batch_size * ids
   row_bytes = sum(tables.values())

@@ -71,14 +71,15 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
           shard_index=cfg.replica_index, seed=cfg.train.seed)
       # The evaluation graph first: it creates the variables, which the
       # packed reads of the training graph need (packing.py).
-      evaluate = build_evaluation(cfg, dataset)
+      partitioner = placement.table_partitioner(cfg.num_ps)
+      evaluate = build_evaluation(cfg, dataset, partitioner)
       trainable = tf.compat.v1.trainable_variables()
       wire_dtype = packing.WIRE_DTYPES[cfg.train.wire_dtype]
       reads = packing.PackedReads(trainable, wire_dtype) if info else None
       with tf.compat.v1.variable_scope(
           tf.compat.v1.get_variable_scope(),
           custom_getter=reads.variable_getter() if reads else None):
-        logits = _logits(cfg, dataset, train_input.features)
+        logits = _logits(cfg, dataset, train_input.features, partitioner)
       loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
       # The update depends on this check (and its gradient on the gradient's
       # own check), so a NaN or Inf loss stops the step before any variable
@@ -173,27 +174,33 @@ def _cache_global_step_read(graph: tf.Graph, global_step) -> tf.Tensor:
   return read
 
 
-def _logits(cfg, dataset, features):
+def _logits(cfg, dataset, features, partitioner):
   return models.build_logits(
       cfg.model.model, features, dataset.input_shape, dataset.num_classes,
       cfg.model.hidden_units, vocab_size=cfg.model.vocab_size,
-      embedding_dim=cfg.model.embedding_dim,
-      partitioner=placement.table_partitioner(cfg.num_ps))
+      embedding_dim=cfg.model.embedding_dim, partitioner=partitioner)
 
 
-def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet) -> Callable:
+def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet,
+                     partitioner) -> Callable:
   """Builds the test-split input and the model on it, in the default graph.
+
+  Args:
+    cfg, dataset: the run's.
+    partitioner: how the model's tables are split (train_graph's own, or
+      None: whole, for a graph that only restores and scores).
 
   Returns:
     (session) -> {"loss", "accuracy"}: exact figures over the whole split.
   """
   test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
-  sums = models.eval_sums(_logits(cfg, dataset, test_input.features),
-                          test_input.labels)
-  return _evaluator(test_input, sums)
+  sums = models.eval_sums(
+      _logits(cfg, dataset, test_input.features, partitioner),
+      test_input.labels)
+  return _test_scorer(test_input, sums)
 
 
-def _evaluator(test_input: data.Input, sums):
+def _test_scorer(test_input: data.Input, sums):
   """Returns (session) -> exact test-set loss and accuracy."""
   def evaluate(session):
     session.run(test_input.initializer, feed_dict=test_input.feed_dict)

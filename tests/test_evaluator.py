@@ -94,12 +94,27 @@ class EvaluatorTest(absltest.TestCase):
     steps = [s["global_step"] for s in self.evaluate(200)]
     self.assertEqual(steps, [100, 200])
 
+  def test_checkpoints_of_another_model_stop_it_in_one_line(self):
+    self.train(100)  # mlp 128,64 (the default)
+    with self.assertRaisesRegex(
+        evaluator.EvaluatorError,
+        r"^the checkpoint .*model\.ckpt-100 does not hold this model "
+        r"\(model/hidden0/kernel is \[64, 128\] there, \[64, 32\] here\); "
+        r"start the evaluator with the training flags of the job$"):
+      self.evaluate(100, "--hidden_units=32")
+    self.assertEqual(evaluator.read_scores(self.log_dir), [])
+
   def test_gives_up_when_no_checkpoint_comes(self):
     with self.assertRaisesRegex(
         waits.WaitTimeout,
         rf"gave up after 1 s waiting for a new checkpoint in {self.log_dir}"):
-      self.evaluate(300, "--wait_timeout_secs=1")
+      # Checkpoints by steps: no seconds interval stretches the bound.
+      self.evaluate(300, "--wait_timeout_secs=1", "--save_checkpoints_steps=100")
     self.assertEqual(evaluator.read_scores(self.log_dir), [])
+
+  def test_the_bound_covers_three_checkpoint_intervals(self):
+    with self.assertRaisesRegex(waits.WaitTimeout, r"^gave up after 3 s waiting"):
+      self.evaluate(300, "--wait_timeout_secs=1", "--save_checkpoints_secs=1")
 
   def test_a_stop_request_ends_the_wait(self):
     stop = stops.StopRequest("evaluator")

@@ -10,6 +10,7 @@ import io
 import os
 import re
 import struct
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -472,6 +473,39 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
 
 
 class ClicksTest(absltest.TestCase):
+
+  def test_cli_refuses_an_unwritable_out_dir_in_one_line(self):
+    blocker = os.path.join(testutil.make_tempdir(self), "file")
+    with open(blocker, "w", encoding="utf-8") as f:
+      f.write("not a directory")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+      status = clicks.main(["clicks", f"--out_dir={blocker}/clicks",
+                            "--train_examples=10", "--test_examples=5"])
+    self.assertEqual(status, 2)
+    self.assertRegex(err.getvalue(),
+                     r"^clicks: error: --out_dir=.*/file/clicks: cannot write "
+                     r"there \(.+\); pass a directory this user can write\n$")
+
+  def test_an_interrupted_write_leaves_no_train_file(self):
+    directory = os.path.join(testutil.make_tempdir(self), "clicks")
+    real_write = tfrecords.write_examples
+    calls = []
+
+    def fail_on_second(path, *args):
+      calls.append(path)
+      if len(calls) == 2:
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the second file.
+      real_write(path, *args)
+
+    with mock.patch.object(tfrecords, "write_examples", fail_on_second):
+      with self.assertRaises(KeyboardInterrupt):
+        clicks.write_click_set(directory, num_train=40, num_test=10,
+                               vocab=50, num_shards=2)
+    # The first file is whole; nothing named train* or test* is half written.
+    self.assertEqual(sorted(n for n in os.listdir(directory)
+                            if n.startswith(("train", "test"))),
+                     ["train-00000-of-00002.tfrecord"])
 
   def test_writes_a_learnable_click_set(self):
     directory = os.path.join(testutil.make_tempdir(self), "clicks")

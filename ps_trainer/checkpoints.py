@@ -1,0 +1,32 @@
+"""Does a checkpoint hold this model? Asked before restoring into a new graph.
+
+A restore checks names but not shapes: a table of another --vocab_size
+restores without a word and then predicts garbage. The evaluator and the
+export build the model afresh, so they ask first.
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+
+
+def mismatch(checkpoint: str, variables) -> Optional[str]:
+  """What `checkpoint` lacks or holds in another shape, or None if it fits.
+
+  Partitioned tables are saved under their full name and whole shape, so
+  `variables` may hold them whole or in parts of any number: a part is
+  checked through its full name.
+
+  Raises:
+    tf.errors.OpError or ValueError: the checkpoint cannot be read (gone).
+  """
+  saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+  for variable in variables:
+    info = variable._get_save_slice_info()  # pylint: disable=protected-access
+    name = info.full_name if info else variable.op.name
+    shape = list(info.full_shape) if info else variable.shape.as_list()
+    if name not in saved:
+      return f"it has no {name}"
+    if saved[name] != shape:
+      return f"{name} is {saved[name]} there, {shape} here"
+  return None
