@@ -24,7 +24,8 @@ usage() {
 Usage:
   ./launch.sh local [--num_ps=N] [--num_workers=M] [--evaluator] [--no_isolate] [trainer flags...]
       Run a whole cluster on this machine (default 1 PS, 2 workers; worker 0 is the chief and its
-      log is shown; --evaluator adds a task scoring each checkpoint into <log_dir>/eval.json). Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
+      log is shown; --evaluator adds a task scoring each checkpoint into <log_dir>/eval.json).
+      Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
       runs/local-YYYYmmdd-HHMMSS. The tasks run in a private network namespace with loopback only
       (--no_isolate: in this machine's network). Exits with the chief's status; Ctrl-C or SIGTERM
       stops every task after the chief's final checkpoint and leaves no task behind.
