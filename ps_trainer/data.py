@@ -240,12 +240,6 @@ def _synthetic_batch(step, batch_size, seed):
   return features, labels
 
 
-def _check_positive(value, flag):
-  """Raises DataError unless value is an integer >= 1."""
-  if not isinstance(value, (int, np.integer)) or value < 1:
-    raise DataError(f"{flag}={value}: must be a positive integer")
-
-
 def train_input(ds, batch_size, num_shards, shard_index, seed):
   """Builds this worker's endless training pipeline.
 
@@ -273,10 +267,8 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
     DataError: bad batch_size or shard arguments, or fewer training examples
       than shards.
   """
-  _check_positive(batch_size, "--batch_size")
-  _check_positive(num_shards, "num_shards")
-  if not 0 <= shard_index < num_shards:
-    raise DataError(f"shard_index={shard_index}: must be in [0, {num_shards})")
+  readers.check_positive(batch_size, "--batch_size")
+  readers.check_shard(num_shards, shard_index)
   shard_seed = seed + shard_index
   if ds.records is not None:
     return _iterator_input(tfrecords.train_dataset(
@@ -312,7 +304,7 @@ def test_input(ds, batch_size):
   Raises:
     DataError: bad batch_size.
   """
-  _check_positive(batch_size, "--batch_size")
+  readers.check_positive(batch_size, "--batch_size")
   if ds.records is not None:
     return _iterator_input(tfrecords.test_dataset(ds.records, batch_size),
                            initializable=True)

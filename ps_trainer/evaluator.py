@@ -23,6 +23,7 @@ import tensorflow as tf
 from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
+from ps_trainer import hooks
 from ps_trainer import stops
 from ps_trainer import train_graph
 from ps_trainer import waits
@@ -59,10 +60,7 @@ def read_scores(log_dir: str) -> list:
 def _append_score(log_dir: str, scores: list, score: dict) -> None:
   """Rewrites eval.json with `score` added; readers never see half a file."""
   scores.append(score)
-  path = os.path.join(log_dir, EVAL_JSON)
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(scores, f, indent=1)
-  os.replace(path + ".tmp", path)
+  hooks.write_json(os.path.join(log_dir, EVAL_JSON), scores)
 
 
 class _Evaluation:

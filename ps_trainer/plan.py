@@ -28,12 +28,8 @@ def variables_of(graph: tf.Graph) -> List[dict]:
   with graph.as_default():
     variables = tf.compat.v1.global_variables()
   return [{"name": v.op.name, "shape": v.shape.as_list(),
-           "bytes": _bytes(v), "device": v.device} for v in variables]
-
-
-def _bytes(variable) -> int:
-  return int(np.prod(variable.shape.as_list())) * max(
-      variable.dtype.base_dtype.size, 1)
+           "bytes": placement.variable_bytes(v.op), "device": v.device}
+          for v in variables]
 
 
 def ps_bytes(variables: List[dict], num_ps: int) -> List[int]:

@@ -23,6 +23,19 @@ class DataError(ValueError):
   """
 
 
+def check_positive(value, flag):
+  """Raises DataError unless value is an integer >= 1."""
+  if not isinstance(value, (int, np.integer)) or value < 1:
+    raise DataError(f"{flag}={value}: must be a positive integer")
+
+
+def check_shard(num_shards, shard_index):
+  """Raises DataError unless shard_index is one of num_shards (>= 1) shards."""
+  check_positive(num_shards, "num_shards")
+  if not 0 <= shard_index < num_shards:
+    raise DataError(f"shard_index={shard_index}: must be in [0, {num_shards})")
+
+
 # Base name -> what it holds; the order is the order of read_mnist's result.
 MNIST_FILES = (
     "train-images-idx3-ubyte",

@@ -268,18 +268,6 @@ def find_bad_record(files, dense_dim: Optional[int] = None) -> Optional[str]:
   return None
 
 
-def _check_positive(value, flag):
-  """Raises DataError unless value is an integer >= 1."""
-  if not isinstance(value, (int, np.integer)) or value < 1:
-    raise DataError(f"{flag}={value}: must be a positive integer")
-
-
-def _check_shard(num_shards, shard_index):
-  _check_positive(num_shards, "num_shards")
-  if not 0 <= shard_index < num_shards:
-    raise DataError(f"shard_index={shard_index}: must be in [0, {num_shards})")
-
-
 def shard_files(files, num_shards: int, shard_index: int) -> tuple:
   """Returns the files worker shard_index reads.
 
@@ -289,7 +277,7 @@ def shard_files(files, num_shards: int, shard_index: int) -> tuple:
   worker, and keeps records i, i + n, ... of that stream (record sharding:
   see uses_record_sharding).
   """
-  _check_shard(num_shards, shard_index)
+  readers.check_shard(num_shards, shard_index)
   files = tuple(files)
   if uses_record_sharding(files, num_shards):
     return files
@@ -353,7 +341,7 @@ def train_dataset(records: RecordSet, batch_size: int, num_shards: int,
     DataError: bad batch_size or shard arguments, or a worker that would get
       no records.
   """
-  _check_positive(batch_size, "--batch_size")
+  readers.check_positive(batch_size, "--batch_size")
   files = shard_files(records.train_files, num_shards, shard_index)
   _check_share(records, files, num_shards, shard_index)
   shard_seed = seed + shard_index
@@ -414,7 +402,7 @@ def test_dataset(records: RecordSet, batch_size: int) -> tf.data.Dataset:
   Raises:
     DataError: bad batch_size.
   """
-  _check_positive(batch_size, "--batch_size")
+  readers.check_positive(batch_size, "--batch_size")
   dataset = tf.data.TFRecordDataset(list(records.test_files))
   dataset = dataset.batch(batch_size).map(
       lambda serialized: _parse(serialized, records.dense_dim),
