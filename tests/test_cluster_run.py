@@ -9,6 +9,7 @@ for a chief, workers, a PS and an evaluator: test_tfjob.py.)
 
 import json
 import os
+import time
 
 from absl.testing import absltest
 
@@ -30,9 +31,22 @@ class ClusterRunTest(absltest.TestCase):
     return procs
 
   def wait_all(self, procs):
+    """Every task must exit 0 within TIMEOUT_SECS (one bound for all).
+
+    A failure shows every task's log: the task that hangs is often not the
+    one that is stuck (a PS waits for a worker that never says done).
+    """
+    deadline = time.monotonic() + TIMEOUT_SECS
+    outcomes = {}
     for name, proc in procs.items():
-      self.assertEqual(proc.wait(timeout=TIMEOUT_SECS), 0,
-                       f"{name} failed\n{proc.log_tail()}")
+      try:
+        outcomes[name] = proc.wait(timeout=max(1, deadline - time.monotonic()))
+      except AssertionError as e:  # Timed out; its group is killed.
+        outcomes[name] = str(e).splitlines()[0]
+    failed = {name: outcome for name, outcome in outcomes.items() if outcome != 0}
+    self.assertEqual(failed, {}, "\n".join(
+        f"{name}: {outcome}\n{procs[name].log_tail()}"
+        for name, outcome in outcomes.items()))
 
   def test_per_host_sync_with_a_backup_worker_ends_cleanly(self):
     """1 PS + 3 workers via `launch.sh <flags>`, 2 gradients per step."""
