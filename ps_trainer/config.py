@@ -57,6 +57,7 @@ class TrainConfig:
   trace_steps: int = 0
   wire_dtype: str = "float32"
   record_steps: bool = False
+  pin_cpus: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +137,8 @@ def from_flag_values(values: Mapping, tf_config: str,
                                          "traces"),
           record_steps=bool(_per_worker_output(values, cluster,
                                                "record_steps", "steps")),
-          wire_dtype=values["wire_dtype"]))
+          wire_dtype=values["wire_dtype"],
+          pin_cpus=values["pin_cpus"]))
 
 
 def planned_worker(values: Mapping, num_ps: int, num_workers: int,

@@ -121,6 +121,11 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "reads and gradients; the PS keeps, updates and checkpoints float32. "
       "No effect in local mode.")
   define_boolean(
+      "pin_cpus", True,
+      "When tasks of this job share a host and each can have cores of its "
+      "own, keep each task on its own cores (an equal share of the cores "
+      "this process may use). --nopin_cpus leaves placement to the OS.")
+  define_boolean(
       "record_steps", False,
       "Each worker appends one JSON line per step to <log_dir>/steps/"
       "<task>.jsonl: time, global step, loss and, in async mode, the "

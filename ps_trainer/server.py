@@ -7,7 +7,6 @@ once every flag is set. The chief also reads PS 0's flags to learn when the
 other workers have finished (see sync.py).
 """
 
-import os
 import socket
 import sys
 import time
@@ -17,6 +16,7 @@ from absl import logging
 import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
+from ps_trainer import host_cores
 from ps_trainer import waits
 
 class ServerError(RuntimeError):
@@ -31,7 +31,7 @@ def session_config(info: cluster_lib.ClusterInfo) -> tf.compat.v1.ConfigProto:
   travels with the session instead (TF's ClusterSpec propagation).
   """
   config = tf.compat.v1.ConfigProto(device_filters=info.device_filters())
-  threads = threads_per_task(info)
+  threads = host_cores.threads_per_task(info)
   if threads:
     config.intra_op_parallelism_threads = threads
     config.inter_op_parallelism_threads = threads
@@ -40,24 +40,6 @@ def session_config(info: cluster_lib.ClusterInfo) -> tf.compat.v1.ConfigProto:
     # Every worker's session must see the same variables on a PS.
     config.experimental.share_session_state_in_clusterspec_propagation = True
   return config
-
-
-def threads_per_task(info: cluster_lib.ClusterInfo,
-                     cpus: Optional[int] = None) -> int:
-  """Threads for each op pool of this task; 0 (TF's choice) if alone on its host.
-
-  TF sizes every task's pools to all the host's cores, and its pools spin
-  while they wait for work; tasks sharing a host then take the cores from
-  each other. On 2 cores, 1 PS + 1 worker trained the reference MLP at about
-  90 steps/s with TF's pools and 135 with one thread each (launch.sh local,
-  3 runs each, taken in turns).
-  """
-  host = info.address.rsplit(":", 1)[0]
-  here = sum(1 for tasks in info.jobs.values() for address in tasks.values()
-             if address.rsplit(":", 1)[0] == host)
-  if here <= 1:
-    return 0
-  return max(1, (cpus or os.cpu_count() or 1) // here)
 
 
 def _check_port_free(info: cluster_lib.ClusterInfo) -> None:

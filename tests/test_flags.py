@@ -39,6 +39,7 @@ _DEFAULTS = {
     "log_every_steps": 100,
     "wait_timeout_secs": 600, "trace_steps": 0, "wire_dtype": "float32",
     "record_steps": False,
+    "pin_cpus": True,
 }
 
 # 1 PS + 2 workers on flags; worker 1 needs no --log_dir.

@@ -4,9 +4,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import cluster as cluster_lib
 from ps_trainer import packing
-from ps_trainer import server as server_lib
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
@@ -105,26 +103,6 @@ class PackingTest(absltest.TestCase):
     self.assertIs(out[0][0], grads[0])
     self.assertIsNone(out[2][0])
     self.assertIn("packed_gradients", out[1][0].name)
-
-
-class ThreadsPerTaskTest(absltest.TestCase):
-
-  def info(self, ps, workers, job="worker", index=0):
-    return cluster_lib.resolve(",".join(ps), ",".join(workers), job, index, "",
-                               None)
-
-  def test_tasks_sharing_a_host_split_its_cores(self):
-    info = self.info(["127.0.0.1:1"], ["127.0.0.1:2"])
-    self.assertEqual(server_lib.threads_per_task(info, cpus=2), 1)
-    info = self.info(["127.0.0.1:1"], ["127.0.0.1:2", "127.0.0.1:3"])
-    self.assertEqual(server_lib.threads_per_task(info, cpus=16), 5)
-    self.assertEqual(server_lib.threads_per_task(info, cpus=2), 1)
-
-  def test_a_task_alone_on_its_host_keeps_tf_defaults(self):
-    info = self.info(["h1:2222"], ["h2:2222", "h3:2222"], "ps", 0)
-    self.assertEqual(server_lib.threads_per_task(info, cpus=2), 0)
-    config = server_lib.session_config(info)
-    self.assertEqual(config.intra_op_parallelism_threads, 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,128 @@
+"""Tasks sharing a host: threads per task, and each task on its own cores."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from absl.testing import absltest
+
+from ps_trainer import cluster as cluster_lib
+from ps_trainer import host_cores
+from ps_trainer import server as server_lib
+from tests import testutil
+
+
+def info(ps, workers, job="worker", index=0):
+  return cluster_lib.resolve(",".join(ps), ",".join(workers), job, index, "",
+                             None)
+
+
+class ThreadsPerTaskTest(absltest.TestCase):
+
+  def test_tasks_sharing_a_host_split_its_cores(self):
+    one_each = info(["127.0.0.1:1"], ["127.0.0.1:2"])
+    self.assertEqual(host_cores.threads_per_task(one_each, cpus=2), 1)
+    three = info(["127.0.0.1:1"], ["127.0.0.1:2", "127.0.0.1:3"])
+    self.assertEqual(host_cores.threads_per_task(three, cpus=16), 5)
+    self.assertEqual(host_cores.threads_per_task(three, cpus=2), 1)
+
+  def test_a_task_alone_on_its_host_keeps_tf_defaults(self):
+    alone = info(["h1:2222"], ["h2:2222", "h3:2222"], "ps", 0)
+    self.assertEqual(host_cores.threads_per_task(alone, cpus=2), 0)
+    self.assertEqual(
+        server_lib.session_config(alone).intra_op_parallelism_threads, 0)
+
+
+class CoresForTaskTest(absltest.TestCase):
+
+  def all_cores(self, ps, workers, allowed):
+    """{(job, index): cores} for every task of the cluster."""
+    out = {}
+    for job, hosts in (("ps", ps), ("worker", workers)):
+      for index in range(len(hosts)):
+        out[(job, index)] = host_cores.cores_for_task(
+            info(ps, workers, job, index), allowed)
+    return out
+
+  def test_one_ps_and_one_worker_get_a_core_each(self):
+    got = self.all_cores(["localhost:1"], ["localhost:2"], [0, 1])
+    self.assertEqual(got, {("ps", 0): [0], ("worker", 0): [1]})
+
+  def test_shares_are_equal_disjoint_and_cover_the_allowed_cores(self):
+    allowed = [2, 3, 5, 7, 8, 9]  # A container's or taskset's mask.
+    got = self.all_cores(["h:1", "h:2"], ["h:3"], allowed)
+    cores = [c for share in got.values() for c in share]
+    self.assertCountEqual(cores, allowed)
+    self.assertEqual({len(share) for share in got.values()}, {2})
+
+  def test_more_tasks_than_cores_leaves_them_to_the_os(self):
+    got = self.all_cores(["h:1"], ["h:2", "h:3", "h:4"], [0, 1])
+    self.assertEqual(set(got.values()), {None})
+
+  def test_tasks_on_other_hosts_do_not_count(self):
+    got = self.all_cores(["ps0:1", "ps1:1"], ["w0:1", "w0:2"], [0, 1])
+    self.assertIsNone(got[("ps", 0)])
+    self.assertIsNone(got[("ps", 1)])
+    self.assertEqual(got[("worker", 0)], [0])
+    self.assertEqual(got[("worker", 1)], [1])
+
+
+def _allowed_cores_of_every_thread(pid: int) -> set:
+  lists = set()
+  for thread in os.listdir(f"/proc/{pid}/task"):
+    with open(f"/proc/{pid}/task/{thread}/status") as status:
+      for line in status:
+        if line.startswith("Cpus_allowed_list:"):
+          lists.add(line.split(":", 1)[1].strip())
+  return lists
+
+
+@absltest.skipIf(not hasattr(os, "sched_setaffinity") or
+                 len(os.sched_getaffinity(0)) < 2, "needs 2 cores and Linux")
+class PinnedTaskTest(absltest.TestCase):
+  """A real PS task of a 1 PS + 1 worker cluster on this host."""
+
+  def start_ps(self, *extra):
+    ps, worker = testutil.pick_free_ports(2)
+    log = open(os.path.join(testutil.make_tempdir(self), "ps.log"), "w+")
+    self.addCleanup(log.close)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "ps_trainer", "--job_name=ps", "--task_index=0",
+         f"--ps_hosts=localhost:{ps}", f"--worker_hosts=localhost:{worker}",
+         *extra], stdout=log, stderr=subprocess.STDOUT,
+        env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
+    self.addCleanup(process.kill)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+      log.seek(0)
+      if "serving on" in log.read():
+        return process
+      self.assertIsNone(process.poll(), "the PS exited early")
+      time.sleep(0.2)
+    self.fail("the PS did not start serving within 60 s")
+
+  def stop(self, process):
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+  def test_every_thread_of_the_ps_runs_on_its_own_core(self):
+    process = self.start_ps()
+    threads = _allowed_cores_of_every_thread(process.pid)
+    first = str(sorted(os.sched_getaffinity(0))[0])
+    # TF's gRPC and op threads included: all on the PS's share, the first
+    # of the allowed cores ("ps" sorts before "worker").
+    self.assertEqual(threads, {first})
+    self.stop(process)
+
+  def test_nopin_cpus_leaves_the_task_on_every_core(self):
+    process = self.start_ps("--nopin_cpus")
+    threads = _allowed_cores_of_every_thread(process.pid)
+    self.assertEqual(len(threads), 1)
+    self.assertNotEqual(threads, {str(sorted(os.sched_getaffinity(0))[0])})
+    self.stop(process)
+
+
+if __name__ == "__main__":
+  absltest.main()
