@@ -70,6 +70,24 @@ def threads_per_task(info: cluster_lib.ClusterInfo,
   return max(1, (cpus or len(allowed_cores())) // here)
 
 
+def describe(cores: Sequence[int]) -> str:
+  """[0] -> "core 0"; [2, 3] -> "cores 2-3"; [1, 5] -> "cores 1,5"."""
+  if len(cores) == 1:
+    return f"core {cores[0]}"
+  if list(cores) == list(range(cores[0], cores[-1] + 1)):
+    return f"cores {cores[0]}-{cores[-1]}"
+  return "cores " + ",".join(str(c) for c in cores)
+
+
+def pinned_note() -> str:
+  """"; on core 0 of a shared host (...)" once this task is pinned, else "":
+  for the task's first line, so a user who sees one busy core knows why."""
+  if _pinned is None:
+    return ""
+  return (f"; on {describe(_pinned)} of a host shared with other tasks of "
+          "the job (--nopin_cpus: the OS places it)")
+
+
 def pin_task(info: cluster_lib.ClusterInfo) -> Optional[List[int]]:
   """Keeps this process, every thread of it, on the task's own cores.
 

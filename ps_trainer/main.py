@@ -95,9 +95,9 @@ def _remove_if_empty(directories: list) -> None:
 def _run_task(cfg) -> int:
   """Runs this task's role; user errors become one line and exit status 2."""
   stop = _receive_stop_signals(cfg)
+  from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
   if cfg.cluster is not None and cfg.train.pin_cpus and (
       cfg.cluster.is_ps or cfg.cluster.is_worker):
-    from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
@@ -126,8 +126,8 @@ def _run_task(cfg) -> int:
     target = ""
     if info is not None:
       target = server_lib.start_server(info).target
-    print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}",
-          flush=True)
+    print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}"
+          f"{host_cores.pinned_note()}", flush=True)
     result = trainer.train(cfg, dataset, target, stop)
     if result is not None:  # A finished run, on the chief or alone.
       export.export_and_record(cfg, dataset, result)

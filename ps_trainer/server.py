@@ -187,7 +187,8 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   watch = _WorkerWatch(info, wait_timeout_secs, probe_every_secs, clock)
   with _DoneCount(info, server.target) as count_done:
     print(f"ps {info.task_index}: serving on {info.address}; waiting for "
-          f"{info.num_workers} worker(s) to finish", flush=True)
+          f"{info.num_workers} worker(s) to finish{host_cores.pinned_note()}",
+          flush=True)
     last = 0
     stop_seen = None
     while True:

@@ -19,6 +19,14 @@ def info(ps, workers, job="worker", index=0):
                              None)
 
 
+class DescribeTest(absltest.TestCase):
+
+  def test_names_cores_as_a_person_would(self):
+    self.assertEqual(host_cores.describe([0]), "core 0")
+    self.assertEqual(host_cores.describe([2, 3, 4]), "cores 2-4")
+    self.assertEqual(host_cores.describe([1, 5]), "cores 1,5")
+
+
 class ThreadsPerTaskTest(absltest.TestCase):
 
   def test_tasks_sharing_a_host_split_its_cores(self):
@@ -97,7 +105,8 @@ class PinnedTaskTest(absltest.TestCase):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
       log.seek(0)
-      if "serving on" in log.read():
+      self.log_text = log.read()
+      if "serving on" in self.log_text:
         return process
       self.assertIsNone(process.poll(), "the PS exited early")
       time.sleep(0.2)
@@ -114,6 +123,8 @@ class PinnedTaskTest(absltest.TestCase):
     # TF's gRPC and op threads included: all on the PS's share, the first
     # of the allowed cores ("ps" sorts before "worker").
     self.assertEqual(threads, {first})
+    self.assertIn(f"worker(s) to finish; on core {first} of a host shared",
+                  self.log_text)
     self.stop(process)
 
   def test_nopin_cpus_leaves_the_task_on_every_core(self):
@@ -121,6 +132,7 @@ class PinnedTaskTest(absltest.TestCase):
     threads = _allowed_cores_of_every_thread(process.pid)
     self.assertEqual(len(threads), 1)
     self.assertNotEqual(threads, {str(sorted(os.sched_getaffinity(0))[0])})
+    self.assertNotIn("of a host shared", self.log_text)
     self.stop(process)
 
 
