@@ -2,7 +2,6 @@
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -94,26 +93,24 @@ class PinnedTaskTest(absltest.TestCase):
 
   def start_ps(self, *extra):
     ps, worker = testutil.pick_free_ports(2)
-    log = open(os.path.join(testutil.make_tempdir(self), "ps.log"), "w+")
-    self.addCleanup(log.close)
-    process = subprocess.Popen(
+    process = testutil.start(
         [sys.executable, "-m", "ps_trainer", "--job_name=ps", "--task_index=0",
          f"--ps_hosts=localhost:{ps}", f"--worker_hosts=localhost:{worker}",
-         *extra], stdout=log, stderr=subprocess.STDOUT,
-        env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
-    self.addCleanup(process.kill)
+         *extra], os.path.join(testutil.make_tempdir(self), "ps.log"),
+        name="ps 0")
+    self.addCleanup(process.kill_group)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-      log.seek(0)
-      self.log_text = log.read()
+      self.log_text = process.read_log()
       if "serving on" in self.log_text:
         return process
-      self.assertIsNone(process.poll(), "the PS exited early")
+      self.assertIsNone(process.returncode,
+                        f"the PS exited early\n{process.log_tail()}")
       time.sleep(0.2)
-    self.fail("the PS did not start serving within 60 s")
+    self.fail(f"the PS did not start serving within 60 s\n{process.log_tail()}")
 
   def stop(self, process):
-    process.send_signal(signal.SIGTERM)
+    process.signal_group(signal.SIGTERM)
     process.wait(timeout=30)
 
   def test_every_thread_of_the_ps_runs_on_its_own_core(self):
