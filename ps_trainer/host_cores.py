@@ -92,9 +92,12 @@ def pin_task(info: cluster_lib.ClusterInfo) -> Optional[List[int]]:
   """Keeps this process, every thread of it, on the task's own cores.
 
   Returns:
-    The cores, or None when this task is not pinned (see cores_for_task).
+    The cores, or None when this task is not pinned: an evaluator (no host
+    in the cluster), or see cores_for_task.
   """
   global _pinned
+  if not (info.is_ps or info.is_worker):
+    return None
   cores = cores_for_task(info, allowed_cores())
   if cores is None or not hasattr(os, "sched_setaffinity"):
     return None

@@ -96,8 +96,7 @@ def _run_task(cfg) -> int:
   """Runs this task's role; user errors become one line and exit status 2."""
   stop = _receive_stop_signals(cfg)
   from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
-  if cfg.cluster is not None and cfg.train.pin_cpus and (
-      cfg.cluster.is_ps or cfg.cluster.is_worker):
+  if cfg.cluster is not None and cfg.train.pin_cpus:
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()

@@ -76,6 +76,17 @@ class CoresForTaskTest(absltest.TestCase):
     self.assertEqual(got[("worker", 1)], [1])
 
 
+class PinTaskTest(absltest.TestCase):
+
+  def test_an_evaluator_is_never_pinned(self):
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    evaluator = info(["localhost:1"], ["localhost:2"], "evaluator", 0)
+    self.assertIsNone(host_cores.pin_task(evaluator))
+    self.assertEqual(host_cores.pinned_note(), "")
+    if before is not None:
+      self.assertEqual(os.sched_getaffinity(0), before)
+
+
 def _allowed_cores_of_every_thread(pid: int) -> set:
   lists = set()
   for thread in os.listdir(f"/proc/{pid}/task"):
