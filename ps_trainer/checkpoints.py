@@ -1,13 +1,37 @@
 """Does a checkpoint hold this model? Asked before restoring into a new graph.
 
 A restore checks names but not shapes: a table of another --vocab_size
-restores without a word and then predicts garbage. The evaluator and the
-export build the model afresh, so they ask first.
+restores without a word and then predicts garbage, and a chief resuming
+another run's --log_dir went on training a [32, 32] kernel in a [32, 16]
+variable and saved the mix there. The chief, the evaluator and the export
+ask first.
 """
 
 from typing import Optional
 
 import tensorflow as tf
+
+
+class ForeignCheckpointError(ValueError):
+  """--log_dir holds checkpoints of another model. The message is one line."""
+
+
+def check_log_dir(log_dir: str, variables) -> None:
+  """Before a chief or local run restores: its newest checkpoint must fit.
+
+  Raises:
+    ForeignCheckpointError: it lacks a variable or holds one in another shape.
+  """
+  checkpoint = tf.train.latest_checkpoint(log_dir) if log_dir else None
+  if not checkpoint:
+    return
+  problem = mismatch(checkpoint, variables)
+  if problem:
+    raise ForeignCheckpointError(
+        f"--log_dir={log_dir} holds checkpoints of another model "
+        f"({problem}; {checkpoint}): continue that run with the training "
+        "flags it was started with, or give this one a new --log_dir; "
+        "nothing was changed")
 
 
 def mismatch(checkpoint: str, variables) -> Optional[str]:

@@ -100,6 +100,7 @@ def _run_task(cfg) -> int:
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
+  from ps_trainer import checkpoints
   from ps_trainer import data
   from ps_trainer import errors
   from ps_trainer import evaluator
@@ -125,14 +126,16 @@ def _run_task(cfg) -> int:
     target = ""
     if info is not None:
       target = server_lib.start_server(info).target
+    graph = trainer.build(cfg, dataset)  # Its errors come before any output.
     print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}"
           f"{host_cores.pinned_note()}", flush=True)
-    result = trainer.train(cfg, dataset, target, stop)
+    result = trainer.run(cfg, graph, target, stop)
     if result is not None:  # A finished run, on the chief or alone.
       export.export_and_record(cfg, dataset, result)
     return stop.exit_status() if stop.requested else 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
-          run_signature.MismatchError, evaluator.EvaluatorError) as e:
+          run_signature.MismatchError, evaluator.EvaluatorError,
+          checkpoints.ForeignCheckpointError) as e:
     _fail(str(e))
   except (waits.WaitTimeout, trainer.Diverged, export.ExportError) as e:
     _fail(str(e), status=1)

@@ -11,6 +11,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import hooks as hooks_lib
@@ -48,11 +49,31 @@ class _Hooks:
 
 def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
           stop: Optional[stops.StopRequest] = None) -> Optional[dict]:
-  """Trains to --train_steps, or until `stop` is requested.
+  """build() then run(): trains to --train_steps, or until `stop` is requested."""
+  return run(cfg, build(cfg, dataset), target, stop)
+
+
+def build(cfg: config_lib.Config,
+          dataset: data.DataSet) -> train_graph.TrainGraph:
+  """This task's training graph; on the chief, checks --log_dir fits it.
+
+  Raises:
+    checkpoints.ForeignCheckpointError: the chief's --log_dir holds
+      checkpoints of another model.
+  """
+  tg = train_graph.build_graph(cfg, dataset)
+  if cfg.is_chief:  # Only the chief restores and saves.
+    checkpoints.check_log_dir(cfg.train.log_dir, tg.model_variables)
+  return tg
+
+
+def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
+        stop: Optional[stops.StopRequest] = None) -> Optional[dict]:
+  """Trains the graph of build() to --train_steps, or until `stop` is requested.
 
   Args:
     cfg: the run's configuration.
-    dataset: the loaded data set.
+    tg: build(cfg, ...).
     target: this task's server target; "" in local mode.
     stop: this task's StopRequest (signals); None: nobody can ask.
 
@@ -66,7 +87,6 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
     waits.Stopped: a stop was requested while waiting for them.
   """
   stop = stop or stops.StopRequest(cfg.task_name)
-  tg = train_graph.build_graph(cfg, dataset)
   session_config = (server_lib.session_config(cfg.cluster) if cfg.cluster
                     else None)
   others = peers.Peers(cfg, tg, target, session_config, stop)

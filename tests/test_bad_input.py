@@ -93,6 +93,15 @@ def _port_in_use(test, tmp):
   return {"port": sock.getsockname()[1], "worker_port": testutil.pick_free_ports(1)[0]}
 
 
+def _run_of_another_model(test, tmp):
+  """{tmp}/run: checkpoints of a 2-step mlp 8,8 run (a real one: ~4 s)."""
+  del test
+  subprocess.run([testutil.PYTHON, "-m", "ps_trainer", "--hidden_units=8,8", _SHORT,
+                  f"--log_dir={tmp}/run"], env=testutil.trainer_env(), cwd=tmp, check=True,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=_TIMEOUT_SECS)
+  return {}
+
+
 def _regular_file(test, tmp):
   del test
   with open(os.path.join(tmp, "file"), "w", encoding="utf-8") as f:
@@ -161,6 +170,11 @@ _CASES = (
     ("log_dir_under_a_file", _regular_file, ["--log_dir={tmp}/file/run", _SHORT], {},
      ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)",
       "a directory this user can create and write"]),
+    ("log_dir_of_another_model", _run_of_another_model,
+     ["--hidden_units=8,4", _SHORT, "--log_dir={tmp}/run"], {},
+     ["--log_dir={tmp}/run holds checkpoints of another model",
+      "model/hidden1/kernel is [8, 8] there, [8, 4] here",
+      "the training flags it was started with", "a new --log_dir", "nothing was changed"]),
     # TF_CONFIG.
     ("tf_config_not_json", None, [], {"TF_CONFIG": "{cluster: ps}"},
      ["TF_CONFIG is not valid JSON", "line 1 column 2"]),

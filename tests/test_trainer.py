@@ -10,6 +10,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import checkpoints
 from ps_trainer import data
 from ps_trainer import server as server_lib
 from ps_trainer import trainer
@@ -60,6 +61,27 @@ class LocalTrainingTest(absltest.TestCase):
     self.assertAlmostEqual(again["loss"], first["loss"], places=6)
     more = self.train("--train_steps=180")
     self.assertEqual(more["global_step"], 180)
+
+  def test_a_log_dir_of_another_model_is_refused_and_left_as_it_was(self):
+    self.train("--train_steps=30", "--hidden_units=32,32")
+    before = {name: os.path.getmtime(os.path.join(self.log_dir, name))
+              for name in os.listdir(self.log_dir)}
+    # TF's restore checks names, not shapes: this once trained a [32, 32]
+    # kernel as [32, 16] and saved the mix into the other run's directory.
+    with self.assertRaisesRegex(
+        checkpoints.ForeignCheckpointError,
+        r"holds checkpoints of another model \(model/hidden1/kernel is "
+        r"\[32, 32\] there, \[32, 16\] here; .*model\.ckpt-30\)"):
+      self.train("--train_steps=60", "--hidden_units=32,16")
+    with self.assertRaisesRegex(checkpoints.ForeignCheckpointError,
+                                r"it has no model/hidden2/kernel"):
+      self.train("--train_steps=60", "--hidden_units=32,32,8")
+    after = {name: os.path.getmtime(os.path.join(self.log_dir, name))
+             for name in os.listdir(self.log_dir)}
+    self.assertEqual(after, before)
+    # The flags it was started with still continue it.
+    self.assertEqual(
+        self.train("--train_steps=60", "--hidden_units=32,32")["global_step"], 60)
 
   def test_sync_replicas_alone_trains_to_the_step(self):
     result = self.train("--train_steps=60", "--sync_replicas")
