@@ -33,13 +33,13 @@ from ps_trainer import errors
 from ps_trainer import quiet_import
 
 if __name__ == "__main__":
-  # Before tfrecords loads TensorFlow: its native start-up notes would bury
+  # Before record_checks loads TensorFlow: its native start-up notes would bury
   # the summary line.
   quiet_import.tensorflow()
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from ps_trainer import tfrecords  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ps_trainer import record_checks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ps_trainer.readers import DataError  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Zipf-Mandelbrot over id ranks: P(rank r) ~ (r + _ZIPF_OFFSET)^-_ZIPF_EXPONENT.
@@ -98,7 +98,7 @@ def _write_whole(path, ids, dense, labels):
   interrupted run leaves no truncated train* file to fail mid-training."""
   partial = os.path.join(os.path.dirname(path),
                          ".partial-" + os.path.basename(path))
-  tfrecords.write_examples(partial, ids, dense, labels)
+  record_checks.write_examples(partial, ids, dense, labels)
   os.replace(partial, path)
 
 

@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import readers
+from ps_trainer import record_checks
 from ps_trainer import tfrecords
 from ps_trainer.readers import DataError
 
@@ -73,7 +74,7 @@ class DataSet:
   y_train: np.ndarray | None
   x_test: np.ndarray | None
   y_test: np.ndarray | None
-  records: tfrecords.RecordSet | None = None
+  records: record_checks.RecordSet | None = None
 
 
 class Input(typing.NamedTuple):
@@ -132,7 +133,7 @@ def load(name, data_dir="", data_path=""):
     return _from_arrays(name, arrays["x_train"], arrays["y_train"],
                         arrays["x_test"], arrays["y_test"])
   if name == "tfrecord":
-    records = tfrecords.inspect(data_dir)
+    records = record_checks.inspect(data_dir)
     return DataSet(name, (records.dense_dim,), 2, None, None, None, None,
                    records=records)
   raise DataError(f"--dataset={name}: unknown data set; accepted: "
@@ -165,7 +166,7 @@ def find_bad_records(ds):
   files = ds.records.train_files + ds.records.test_files
   print(f"ps_trainer: the input pipeline failed; scanning {len(files)} "
         "TFRecord file(s) for the bad record ...", flush=True)
-  return tfrecords.find_bad_record(files, ds.records.dense_dim)
+  return record_checks.find_bad_record(files, ds.records.dense_dim)
 
 
 def _from_arrays(name, x_train, y_train, x_test, y_test):

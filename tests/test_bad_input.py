@@ -282,7 +282,7 @@ class BadInputTest(parameterized.TestCase):
     # named by a scan of the files (TF's own message names no file).
     tmp = testutil.make_tempdir(self)
     _click_dir(self, tmp)
-    from ps_trainer import tfrecords  # pylint: disable=g-import-not-at-top
+    from ps_trainer import record_checks  # pylint: disable=g-import-not-at-top
     path = os.path.join(tmp, "clicks", "train-00001-of-00002.tfrecord")
     with open(path, "rb") as f:
       raw = bytearray(f.read())
@@ -292,7 +292,7 @@ class BadInputTest(parameterized.TestCase):
     raw[at + 15] ^= 0xFF  # A payload byte of record 150.
     with open(path, "wb") as f:
       f.write(bytes(raw))
-    tfrecords.inspect(os.path.join(tmp, "clicks"))  # Start-up sees only 100: no error.
+    record_checks.inspect(os.path.join(tmp, "clicks"))  # Start-up sees only 100: no error.
     argv = ["--model=wide_deep", "--dataset=tfrecord", f"--data_dir={tmp}/clicks",
             "--vocab_size=100", "--train_steps=20", f"--log_dir={tmp}/run"]
     code, stdout, stderr, secs = self._run(argv, _user_env({}), cwd=tmp)

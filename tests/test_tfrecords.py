@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.tfrecords and ps_trainer.clicks.
+"""Tests for ps_trainer.record_checks, ps_trainer.tfrecords and ps_trainer.clicks.
 
 Small TFRecord files are written into temp dirs with write_examples, the
 schema's reference writer. Record k of a data set has dense[0] == k, so a
@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import clicks
+from ps_trainer import record_checks
 from ps_trainer import tfrecords
 import testutil
 
@@ -47,7 +48,7 @@ def _write_set(directory, train_sizes=(10, 7, 13), test_sizes=(5, 6),
   for split, sizes in (("train", train_sizes), ("test", test_sizes)):
     for i, size in enumerate(sizes):
       path = os.path.join(directory, f"{split}-{i}.tfrecord")
-      tfrecords.write_examples(path, *_records(first, size, dense_dim))
+      record_checks.write_examples(path, *_records(first, size, dense_dim))
       paths.append(path)
       first += size
   return paths
@@ -100,7 +101,7 @@ class InspectTest(parameterized.TestCase):
     with open(os.path.join(directory, "README.txt"), "w") as f:
       f.write("not data\n")
     os.mkdir(os.path.join(directory, "train_logs"))  # not a file: skipped
-    records = tfrecords.inspect(directory)
+    records = record_checks.inspect(directory)
     self.assertEqual(records.data_dir, directory)
     self.assertEqual(records.train_files, tuple(paths[:3]))
     self.assertEqual(records.test_files, tuple(paths[3:]))
@@ -112,37 +113,37 @@ class InspectTest(parameterized.TestCase):
   def test_without_dense(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, dense_dim=0)
-    self.assertEqual(tfrecords.inspect(directory).dense_dim, 0)
+    self.assertEqual(record_checks.inspect(directory).dense_dim, 0)
 
   def test_reads_only_the_first_records_of_a_file(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, train_sizes=(250,))
     train = os.path.join(directory, "train-0.tfrecord")
     _flip_payload_byte(train, 200)  # past INSPECT_LIMIT
-    records = tfrecords.inspect(directory)
-    self.assertEqual(records.train_records, (tfrecords.INSPECT_LIMIT,))
-    self.assertRegex(tfrecords.find_bad_record(records.train_files),
+    records = record_checks.inspect(directory)
+    self.assertEqual(records.train_records, (record_checks.INSPECT_LIMIT,))
+    self.assertRegex(record_checks.find_bad_record(records.train_files),
                      rf"^{re.escape(train)}: record 200: corrupt")
 
   def test_empty_file_allowed_among_others(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, train_sizes=(0, 4))
-    self.assertEqual(tfrecords.inspect(directory).train_records, (0, 4))
+    self.assertEqual(record_checks.inspect(directory).train_records, (0, 4))
 
   def test_data_dir_not_set(self):
     with self.assertRaisesRegex(
-        tfrecords.DataError, r"^--data_dir is not set; --dataset=tfrecord "
+        record_checks.DataError, r"^--data_dir is not set; --dataset=tfrecord "
         r"needs --data_dir=DIR holding train\* and test\* files: .*ids \(int64 "
         r"list\), label \(int64, 0 or 1\) and optional dense"):
-      tfrecords.inspect("")
+      record_checks.inspect("")
 
   def test_missing_dir(self):
     missing = os.path.join(testutil.make_tempdir(self), "nope")
     with self.assertRaisesRegex(
-        tfrecords.DataError,
+        record_checks.DataError,
         rf"^--data_dir={re.escape(missing)}: no such directory; "
         r"--dataset=tfrecord needs"):
-      tfrecords.inspect(missing)
+      record_checks.inspect(missing)
 
   @parameterized.named_parameters(("train", "train"), ("test", "test"))
   def test_no_files_of_a_split(self, split):
@@ -151,19 +152,19 @@ class InspectTest(parameterized.TestCase):
       if os.path.basename(path).startswith(split):
         os.remove(path)
     with self.assertRaisesRegex(
-        tfrecords.DataError, rf"^--data_dir={re.escape(directory)}: no "
+        record_checks.DataError, rf"^--data_dir={re.escape(directory)}: no "
         rf"{split}\* files \(found: .*-0\.tfrecord, .*\); --dataset=tfrecord "
         r"needs"):
-      tfrecords.inspect(directory)
+      record_checks.inspect(directory)
 
   def test_split_without_records(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, train_sizes=(0, 0))
     with self.assertRaisesRegex(
-        tfrecords.DataError, rf"^--data_dir={re.escape(directory)}: the "
+        record_checks.DataError, rf"^--data_dir={re.escape(directory)}: the "
         r"train\* files \(train-0\.tfrecord, train-1\.tfrecord\) hold no "
         r"records; each split needs at least one$"):
-      tfrecords.inspect(directory)
+      record_checks.inspect(directory)
 
   def _bad_file(self, records=None, content=None, name="train-1.tfrecord"):
     """A good data set whose file `name` is replaced; returns (dir, path)."""
@@ -178,8 +179,8 @@ class InspectTest(parameterized.TestCase):
     return directory, path
 
   def _assert_inspect_error(self, directory, path, message):
-    with self.assertRaises(tfrecords.DataError) as cm:
-      tfrecords.inspect(directory)
+    with self.assertRaises(record_checks.DataError) as cm:
+      record_checks.inspect(directory)
     text = str(cm.exception)
     self.assertNotIn("\n", text)
     self.assertRegex(text, rf"^{re.escape(path)}: {message}")
@@ -219,14 +220,14 @@ class InspectTest(parameterized.TestCase):
     good = _example(**self.good)
     directory, path = self._bad_file([good, record, good])
     self._assert_inspect_error(directory, path, message)
-    self.assertRegex(tfrecords.find_bad_record([path]),
+    self.assertRegex(record_checks.find_bad_record([path]),
                      rf"^{re.escape(path)}: record 1: ")
 
   def test_dense_length_differs_between_files(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory)
     test = os.path.join(directory, "test-1.tfrecord")
-    tfrecords.write_examples(test, *_records(0, 3, dense_dim=2))
+    record_checks.write_examples(test, *_records(0, 3, dense_dim=2))
     self._assert_inspect_error(
         directory, test, r"record 0: dense has 2 values but "
         r".*train-0\.tfrecord: record 0 has 3")
@@ -264,19 +265,19 @@ class FindBadRecordTest(absltest.TestCase):
   def test_names_the_corrupt_file_and_record(self):
     directory = testutil.make_tempdir(self)
     paths = _write_set(directory)
-    self.assertIsNone(tfrecords.find_bad_record(paths))
+    self.assertIsNone(record_checks.find_bad_record(paths))
     _flip_payload_byte(paths[2], 6)
-    message = tfrecords.find_bad_record(paths)
+    message = record_checks.find_bad_record(paths)
     self.assertRegex(message, rf"^{re.escape(paths[2])}: record 6: corrupt "
                      r"or truncated TFRecord data \(corrupted record at \d+\)")
     self.assertNotIn("\n", message)
-    self.assertIsNone(tfrecords.find_bad_record(paths[:2] + paths[3:]))
+    self.assertIsNone(record_checks.find_bad_record(paths[:2] + paths[3:]))
 
   def test_checks_against_the_data_sets_dense_dim(self):
     directory = testutil.make_tempdir(self)
     paths = _write_set(directory)
-    self.assertIsNone(tfrecords.find_bad_record(paths[1:], DENSE_DIM))
-    self.assertRegex(tfrecords.find_bad_record(paths[1:], 4),
+    self.assertIsNone(record_checks.find_bad_record(paths[1:], DENSE_DIM))
+    self.assertRegex(record_checks.find_bad_record(paths[1:], 4),
                      r"record 0: dense has 3 values but the data set has 4")
 
   def test_pipeline_stops_on_a_bad_label_past_the_inspected_records(self):
@@ -286,9 +287,9 @@ class FindBadRecordTest(absltest.TestCase):
     good = _example(ids=("int64", [1]), label=("int64", [0]))
     _write_raw(train, [good] * 150 + [_example(ids=("int64", []),
                                                label=("int64", [7]))])
-    records = tfrecords.inspect(directory)  # the first 100 are fine
+    records = record_checks.inspect(directory)  # the first 100 are fine
     self.assertEqual(records.dense_dim, 0)
-    self.assertRegex(tfrecords.find_bad_record(records.train_files),
+    self.assertRegex(record_checks.find_bad_record(records.train_files),
                      rf"^{re.escape(train)}: record 150: label is 7")
     with tf.Graph().as_default():
       _, labels = tf.compat.v1.data.make_one_shot_iterator(
@@ -339,7 +340,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
     super().setUp()
     self.directory = testutil.make_tempdir(self)
     _write_set(self.directory)  # train: records 0-9, 10-16, 17-29
-    self.records = tfrecords.inspect(self.directory)
+    self.records = record_checks.inspect(self.directory)
 
   def test_shapes_and_dtypes(self):
     with tf.Graph().as_default():
@@ -356,7 +357,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
   def test_no_dense_gives_zero_columns(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, dense_dim=0)
-    records = tfrecords.inspect(directory)
+    records = record_checks.inspect(directory)
     for dataset in (lambda: tfrecords.train_dataset(records, 4, 1, 0, 0),
                     lambda: tfrecords.test_dataset(records, 4)):
       with tf.Graph().as_default():
@@ -448,28 +449,28 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
   def test_bad_arguments(self, override, message):
     args = dict(batch_size=2, num_shards=2, shard_index=0, seed=0)
     args.update(override)
-    with self.assertRaisesRegex(tfrecords.DataError, message):
+    with self.assertRaisesRegex(record_checks.DataError, message):
       tfrecords.train_dataset(self.records, **args)
     if "batch_size" in override:
-      with self.assertRaisesRegex(tfrecords.DataError, message):
+      with self.assertRaisesRegex(record_checks.DataError, message):
         tfrecords.test_dataset(self.records, 0)
 
   def test_worker_without_records(self):
     directory = testutil.make_tempdir(self)
     _write_set(directory, train_sizes=(4, 0, 5))
-    records = tfrecords.inspect(directory)
+    records = record_checks.inspect(directory)
     tfrecords.train_dataset(records, 2, 3, 0, 0)
     with self.assertRaisesRegex(
-        tfrecords.DataError, r"worker 1 of 3 reads train-1\.tfrecord, which "
+        record_checks.DataError, r"worker 1 of 3 reads train-1\.tfrecord, which "
         r"hold no records; write records into every train\* file or use "
         r"fewer workers"):
       tfrecords.train_dataset(records, 2, 3, 1, 0)
     directory = testutil.make_tempdir(self)
     _write_set(directory, train_sizes=(2, 1))
     with self.assertRaisesRegex(
-        tfrecords.DataError, r"3 training records cannot give each of 4 "
+        record_checks.DataError, r"3 training records cannot give each of 4 "
         r"workers at least one; use fewer workers"):
-      tfrecords.train_dataset(tfrecords.inspect(directory), 2, 4, 3, 0)
+      tfrecords.train_dataset(record_checks.inspect(directory), 2, 4, 3, 0)
 
 
 class ClicksTest(absltest.TestCase):
@@ -489,7 +490,7 @@ class ClicksTest(absltest.TestCase):
 
   def test_an_interrupted_write_leaves_no_train_file(self):
     directory = os.path.join(testutil.make_tempdir(self), "clicks")
-    real_write = tfrecords.write_examples
+    real_write = record_checks.write_examples
     calls = []
 
     def fail_on_second(path, *args):
@@ -498,7 +499,7 @@ class ClicksTest(absltest.TestCase):
         raise KeyboardInterrupt  # Ctrl-C in the middle of the second file.
       real_write(path, *args)
 
-    with mock.patch.object(tfrecords, "write_examples", fail_on_second):
+    with mock.patch.object(record_checks, "write_examples", fail_on_second):
       with self.assertRaises(KeyboardInterrupt):
         clicks.write_click_set(directory, num_train=40, num_test=10,
                                vocab=50, num_shards=2)
@@ -521,10 +522,10 @@ class ClicksTest(absltest.TestCase):
     self.assertBetween(stats["majority_rate"], 0.55, 0.7)
     self.assertBetween(stats["positive_rate"], 0.3, 0.45)
     self.assertGreater(stats["bayes_accuracy"], stats["majority_rate"] + 0.1)
-    records = tfrecords.inspect(directory)
+    records = record_checks.inspect(directory)
     self.assertEqual(records.dense_dim, 4)
     self.assertBetween(records.mean_ids_per_example, 3, 12)
-    self.assertIsNone(tfrecords.find_bad_record(stats["files"]))
+    self.assertIsNone(record_checks.find_bad_record(stats["files"]))
     counts = [sum(1 for _ in tf.compat.v1.io.tf_record_iterator(f))
               for f in stats["files"]]
     self.assertEqual(counts, [1000, 1000, 1000, 1000])
@@ -541,7 +542,7 @@ class ClicksTest(absltest.TestCase):
     directory = testutil.make_tempdir(self)
     open(os.path.join(directory, "train-00007-of-00008.tfrecord"), "w").close()
     with self.assertRaisesRegex(
-        tfrecords.DataError, r"already holds train-00007-of-00008\.tfrecord, "
+        record_checks.DataError, r"already holds train-00007-of-00008\.tfrecord, "
         r"which --data_dir would read with the new files; use an empty "
         r"directory"):
       clicks.write_click_set(directory, num_train=10, num_test=10, vocab=10)
@@ -559,7 +560,7 @@ class ClicksTest(absltest.TestCase):
                      r"file\(s\) and 10 test examples to .* in [\d.]+ s; "
                      r"click rate")
     self.assertIn('"dense_dim": 0', stats)
-    self.assertEqual(tfrecords.inspect(directory).dense_dim, 0)
+    self.assertEqual(record_checks.inspect(directory).dense_dim, 0)
 
   def test_cli_bad_flags(self):
     for argv, message in (
