@@ -35,6 +35,11 @@ class LocalTrainingTest(absltest.TestCase):
                       *argv)
     return trainer.train(cfg, data.load(cfg.data.dataset))
 
+  def modified_times(self):
+    """{file name: mtime} of every file in the log dir."""
+    return {name: os.path.getmtime(os.path.join(self.log_dir, name))
+            for name in os.listdir(self.log_dir)}
+
   def test_digits_run_writes_result_json_and_checkpoint(self):
     result = self.train("--train_steps=150")
     with open(os.path.join(self.log_dir, "result.json")) as f:
@@ -64,8 +69,7 @@ class LocalTrainingTest(absltest.TestCase):
 
   def test_a_log_dir_of_another_model_is_refused_and_left_as_it_was(self):
     self.train("--train_steps=30", "--hidden_units=32,32")
-    before = {name: os.path.getmtime(os.path.join(self.log_dir, name))
-              for name in os.listdir(self.log_dir)}
+    before = self.modified_times()
     # TF's restore checks names, not shapes: this once trained a [32, 32]
     # kernel as [32, 16] and saved the mix into the other run's directory.
     with self.assertRaisesRegex(
@@ -76,9 +80,7 @@ class LocalTrainingTest(absltest.TestCase):
     with self.assertRaisesRegex(checkpoints.ForeignCheckpointError,
                                 r"it has no model/hidden2/kernel"):
       self.train("--train_steps=60", "--hidden_units=32,32,8")
-    after = {name: os.path.getmtime(os.path.join(self.log_dir, name))
-             for name in os.listdir(self.log_dir)}
-    self.assertEqual(after, before)
+    self.assertEqual(self.modified_times(), before)
     # The flags it was started with still continue it.
     self.assertEqual(
         self.train("--train_steps=60", "--hidden_units=32,32")["global_step"], 60)
