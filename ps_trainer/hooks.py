@@ -28,6 +28,17 @@ class InputInitHook(tf.compat.v1.train.SessionRunHook):
       session.run(self._initializer, feed_dict=self._feed_dict)
 
 
+class ReleaseInputThreadHook(tf.compat.v1.train.SessionRunHook):
+  """Once InputInitHook has started the input pipeline, and so its thread,
+  lets that thread use the host's idle cores (host_cores.release_threads)."""
+
+  def __init__(self, release):
+    self._release = release
+
+  def after_create_session(self, session, coord):
+    self._release()
+
+
 class PublishHook(tf.compat.v1.train.SessionRunHook):
   """The chief sets a variable to its own value whenever its session starts.
 

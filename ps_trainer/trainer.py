@@ -15,6 +15,7 @@ from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import hooks as hooks_lib
+from ps_trainer import host_cores
 from ps_trainer import peers
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
@@ -161,6 +162,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       hooks_lib.StopOnRequestHook(stop),
       hooks_lib.InputInitHook(tg.train_input.initializer,
                               tg.train_input.feed_dict),
+      hooks_lib.ReleaseInputThreadHook(
+          lambda: host_cores.release_threads(data.INPUT_THREAD_NAME)),
       hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
   if cfg.cluster:
     every_replica.append(hooks_lib.StallWatchHook(

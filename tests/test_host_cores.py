@@ -3,7 +3,9 @@
 import os
 import signal
 import sys
+import threading
 import time
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -85,6 +87,52 @@ class PinTaskTest(absltest.TestCase):
     self.assertEqual(host_cores.pinned_note(), "")
     if before is not None:
       self.assertEqual(os.sched_getaffinity(0), before)
+
+
+@absltest.skipIf(not hasattr(os, "sched_setaffinity") or
+                 len(os.sched_getaffinity(0)) < 2, "needs 2 cores and Linux")
+class ReleaseThreadsTest(absltest.TestCase):
+  """release_threads on threads of this process, named as TF would name them."""
+
+  def start_thread(self, name):
+    """A thread that waits until the test ends, named `name` and kept on the
+    first core, as a pinned task's thread would be. Returns its id."""
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    self.addCleanup(thread.join)
+    self.addCleanup(done.set)
+    with open(f"/proc/self/task/{thread.native_id}/comm", "w") as comm:
+      comm.write(name)
+    os.sched_setaffinity(thread.native_id, self.own)
+    return thread.native_id
+
+  def setUp(self):
+    super().setUp()
+    self.host = set(os.sched_getaffinity(0))
+    self.own = {min(self.host)}
+
+  def pinned(self):
+    """As if pin_task had given this process the first core."""
+    return mock.patch.multiple(host_cores, _pinned=tuple(self.own),
+                               _host_share=tuple(sorted(self.host)))
+
+  def test_a_pinned_task_frees_the_named_threads_at_the_lowest_priority(self):
+    named = self.start_thread("tf_released")
+    other = self.start_thread("tf_kept")
+    with self.pinned():
+      self.assertEqual(host_cores.release_threads("tf_released"), [named])
+    self.assertEqual(os.sched_getaffinity(named), self.host)
+    self.assertEqual(os.getpriority(os.PRIO_PROCESS, named),
+                     host_cores.RELEASED_NICE)
+    self.assertEqual(os.sched_getaffinity(other), self.own)
+    self.assertEqual(os.getpriority(os.PRIO_PROCESS, other), 0)
+
+  def test_an_unpinned_task_changes_nothing(self):
+    named = self.start_thread("tf_released")
+    self.assertEqual(host_cores.release_threads("tf_released"), [])
+    self.assertEqual(os.sched_getaffinity(named), self.own)
+    self.assertEqual(os.getpriority(os.PRIO_PROCESS, named), 0)
 
 
 def _allowed_cores_of_every_thread(pid: int) -> set:
