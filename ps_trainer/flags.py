@@ -124,7 +124,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "pin_cpus", True,
       "When tasks of this job share a host and each can have cores of its "
       "own, keep each task on its own cores (an equal share of the cores "
-      "this process may use). --nopin_cpus leaves placement to the OS.")
+      "this process may use); a worker's synthetic-data thread may still use "
+      "any of them, at the lowest priority. --nopin_cpus leaves placement to "
+      "the OS.")
   define_boolean(
       "record_steps", False,
       "Each worker appends one JSON line per step to <log_dir>/steps/"
