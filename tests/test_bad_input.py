@@ -95,10 +95,12 @@ def _port_in_use(test, tmp):
 
 def _run_of_another_model(test, tmp):
   """{tmp}/run: checkpoints of a 2-step mlp 8,8 run (a real one: ~4 s)."""
-  del test
-  subprocess.run([testutil.PYTHON, "-m", "ps_trainer", "--hidden_units=8,8", _SHORT,
-                  f"--log_dir={tmp}/run"], env=testutil.trainer_env(), cwd=tmp, check=True,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=_TIMEOUT_SECS)
+  done = subprocess.run([testutil.PYTHON, "-m", "ps_trainer", "--hidden_units=8,8", _SHORT,
+                         f"--log_dir={tmp}/run"], env=testutil.trainer_env(), cwd=tmp,
+                        capture_output=True, text=True, timeout=_TIMEOUT_SECS)
+  # Its output, should the set-up itself fail: otherwise only an exit status would show.
+  test.assertEqual(done.returncode, 0,
+                   f"the set-up run failed\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
   return {}
 
 
