@@ -138,11 +138,8 @@ def release_threads(name: str) -> List[int]:
   if _pinned is None:
     return []
   released = []
-  for thread in _threads():
+  for thread in threads_named(name):
     try:
-      with open(f"/proc/self/task/{thread}/comm") as comm:
-        if comm.read().strip() != name:
-          continue
       os.sched_setaffinity(thread, _host_share)
       # On Linux a thread id given to setpriority names that thread alone.
       os.setpriority(os.PRIO_PROCESS, thread, RELEASED_NICE)
@@ -150,6 +147,19 @@ def release_threads(name: str) -> List[int]:
       continue  # The thread ended meanwhile.
     released.append(thread)
   return released
+
+
+def threads_named(name: str) -> List[int]:
+  """The ids of this process's threads whose Linux name is `name`."""
+  found = []
+  for thread in _threads():
+    try:
+      with open(f"/proc/self/task/{thread}/comm") as comm:
+        if comm.read().strip() == name:
+          found.append(thread)
+    except OSError:
+      pass  # The thread ended after the listing.
+  return found
 
 
 def _threads() -> List[int]:

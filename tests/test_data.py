@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import data
+from ps_trainer import host_cores
 from ps_trainer import readers
 import testutil
 
@@ -383,19 +384,6 @@ def _read(pipeline, batches):
           np.concatenate([l for _, l in out]))
 
 
-def _threads_named(name):
-  """Ids of this process's threads whose Linux name is `name`."""
-  found = []
-  for thread in os.listdir("/proc/self/task"):
-    try:
-      with open(f"/proc/self/task/{thread}/comm") as comm:
-        if comm.read().strip() == name:
-          found.append(thread)
-    except FileNotFoundError:
-      pass  # Ended after the listing.
-  return found
-
-
 def _cpu_seconds(thread):
   with open(f"/proc/self/task/{thread}/schedstat") as schedstat:
     return int(schedstat.read().split()[0]) / 1e9
@@ -508,7 +496,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
       pipeline = data.train_input(ds, 64, 1, 0, seed=0)
       with tf.compat.v1.Session() as sess:
         sess.run(pipeline.initializer)
-        threads = _threads_named(data.INPUT_THREAD_NAME)
+        threads = host_cores.threads_named(data.INPUT_THREAD_NAME)
         self.assertLen(threads, 1)
         before = _cpu_seconds(threads[0])
         for _ in range(200):
