@@ -1,4 +1,4 @@
-"""Optimizers, synchronous replicas, and the clean end of a synchronous run.
+"""Synchronous replicas, and the clean end of a synchronous run.
 
 SyncReplicasOptimizer makes every replica's train op end in a dequeue from a
 token queue that only the chief's sync thread fills, after it has aggregated
@@ -23,23 +23,6 @@ import tensorflow as tf
 
 from ps_trainer import errors
 from ps_trainer import waits
-
-OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
-
-
-def make_optimizer(name: str, learning_rate: float):
-  """A TF1 optimizer by name; momentum uses 0.9."""
-  train = tf.compat.v1.train
-  if name == "sgd":
-    return train.GradientDescentOptimizer(learning_rate)
-  if name == "momentum":
-    return train.MomentumOptimizer(learning_rate, momentum=0.9)
-  if name == "adam":
-    return train.AdamOptimizer(learning_rate)
-  if name == "adagrad":
-    return train.AdagradOptimizer(learning_rate)
-  raise ValueError(f"--optimizer={name!r} is unknown; accepted: "
-                   f"{', '.join(OPTIMIZERS)}")
 
 
 def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int):

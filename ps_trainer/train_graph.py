@@ -13,6 +13,7 @@ import tensorflow as tf
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import models
+from ps_trainer import optimizers
 from ps_trainer import packing
 from ps_trainer import placement
 from ps_trainer import resume
@@ -88,8 +89,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       # changes: the model and the checkpoints stay good.
       loss = tf.debugging.check_numerics(loss, "loss is NaN or Inf",
                                          name=LOSS_CHECK_NAME)
-      optimizer = sync.make_optimizer(cfg.train.optimizer,
-                                      cfg.train.learning_rate)
+      optimizer = optimizers.make_optimizer(cfg.train.optimizer,
+                                            cfg.train.learning_rate)
       sync_optimizer = None
       if cfg.train.sync_replicas:
         optimizer = sync_optimizer = sync.wrap_sync(

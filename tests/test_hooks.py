@@ -9,7 +9,7 @@ from ps_trainer import data
 from ps_trainer import flags as flags_lib
 from ps_trainer import hooks
 from ps_trainer import models
-from ps_trainer import sync
+from ps_trainer import optimizers
 
 import testutil
 
@@ -126,7 +126,7 @@ class NamesTest(absltest.TestCase):
 
   def test_flag_choices_match_the_modules(self):
     self.assertEqual(flags_lib.MODELS, models.MODELS)
-    self.assertEqual(flags_lib.OPTIMIZERS, sync.OPTIMIZERS)
+    self.assertEqual(flags_lib.OPTIMIZERS, optimizers.OPTIMIZERS)
     self.assertEqual(flags_lib.DATASETS, data.DATASETS)
 
 

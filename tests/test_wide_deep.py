@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ps_trainer import cluster
 from ps_trainer import models
+from ps_trainer import optimizers
 from ps_trainer import packing
 from ps_trainer import placement
 from ps_trainer import sync
@@ -101,7 +102,7 @@ class SparseGradientTest(parameterized.TestCase):
       with tf.compat.v1.device(placement.device_function(_info(2))):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         _, _, _, loss = _build(2)
-        optimizer = sync.make_optimizer("adagrad", 0.1)
+        optimizer = optimizers.make_optimizer("adagrad", 0.1)
         if sync_replicas:
           optimizer = sync.wrap_sync(optimizer, 2, 2)
         grads_and_vars = optimizer.compute_gradients(loss)
@@ -131,7 +132,7 @@ class SparseGradientTest(parameterized.TestCase):
       # tower is off, and its embedding rows rightly get no gradient.
       tf.compat.v1.set_random_seed(1)
       features, labels, _, loss = _build(2)
-      train = sync.make_optimizer(optimizer_name, 0.5).minimize(loss)
+      train = optimizers.make_optimizer(optimizer_name, 0.5).minimize(loss)
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
         tables = {t: tf.concat([p.read_value() for p in _parts(t)], 0)
