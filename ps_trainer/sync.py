@@ -8,10 +8,17 @@ token queue that only the chief's sync thread fills, after it has aggregated
     token forever;
   * the chief's sync thread sits in the accumulators' take_grad for a step that
     never comes, and MonitoredSession.close() waits out a 120 s grace period.
-`SyncReplicasHook` replaces the optimizer's own hook to fix both: at the end
-the chief hands out tokens until every worker has said it is done, and the
-sync thread runs in a session of its own that the chief closes, cancelling
-the blocked take_grad.
+And one more, with backup workers: a replica whose step began two global
+steps before the last one gets a token of the last one, yet TF's
+StopAtStepHook (global step read at the start + 1) lets it start another
+step. That step's gradient waits for a partner that has gone home. Seen in
+CI: 1 PS + 3 workers, 2 per step; the chief waited out --wait_timeout_secs.
+`SyncReplicasHook` replaces the optimizer's own hook to fix all three: the
+sync thread counts the steps it applies and, at the last one, hands every
+replica a token and ends (no step past --train_steps is aggregated, and the
+chief stops right after its current step); at the end the chief hands out
+tokens until every worker has said it is done; and the sync thread runs in a
+session of its own that the chief closes, cancelling the blocked take_grad.
 """
 
 import threading
@@ -61,6 +68,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       chief, or one that restored a lost PS. The other workers may then be
       blocked on the token queue with gradients nobody will aggregate; the
       chief hands each a token instead of starting with none.
+    last_step: the global step at which the run ends (--train_steps); the
+      chief's sync thread applies none past it. None: no end.
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,
@@ -69,7 +78,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
                drain_timeout_secs: float = 120.0, stop=None,
                stopping_drain_secs: float = 8.0,
                others_gone: Optional[Callable[[], bool]] = None,
-               restarted: Optional[Callable[[], bool]] = None):
+               restarted: Optional[Callable[[], bool]] = None,
+               last_step: Optional[int] = None):
     self._opt = sync_optimizer
     self._is_chief = is_chief
     self._num_workers = num_workers
@@ -80,9 +90,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._stopping_drain_secs = stopping_drain_secs
     self._others_gone = others_gone
     self._restarted = restarted
+    self._last_step = last_step
     self._thread = None
     self._sync_session = None
     self._stopping = threading.Event()
+    self._last_step_applied = threading.Event()
 
   def begin(self):
     if self._is_chief:
@@ -94,6 +106,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # last step, whatever step it was on.
       self._release_op = self._opt.get_init_tokens_op(self._num_workers)
       self._sync_op = self._opt.get_chief_queue_runner().enqueue_ops[0]
+      self._global_step = tf.compat.v1.train.get_global_step()
     else:
       self._local_init_op = self._opt.local_step_init_op
     self._ready_op = self._opt.ready_for_local_init_op
@@ -121,18 +134,40 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._thread.start()
 
   def _sync_loop(self, session, coord):
-    while not self._stopping.is_set():
-      try:
+    try:
+      # Only this thread moves the global step in a sync run, one step per
+      # sync op: counting costs no read of the PS per step.
+      applied = (int(session.run(self._global_step))
+                 if self._last_step is not None else None)
+      while not self._stopping.is_set():
+        if applied is not None and applied >= self._last_step:
+          self._end_at_last_step(session)
+          return
         session.run(self._sync_op)
-      except Exception as e:  # pylint: disable=broad-except
-        if not self._stopping.is_set():
-          logging.error("sync thread stopped: %s", errors.first_line(str(e)))
-          try:
-            coord.request_stop(e)
-          except Exception:  # pylint: disable=broad-except
-            pass  # Already joined: the session is being recovered anyway.
-          self._release_after_failure(session)
-        return
+        if applied is not None:
+          applied += 1
+    except Exception as e:  # pylint: disable=broad-except
+      if not self._stopping.is_set():
+        logging.error("sync thread stopped: %s", errors.first_line(str(e)))
+        try:
+          coord.request_stop(e)
+        except Exception:  # pylint: disable=broad-except
+          pass  # Already joined: the session is being recovered anyway.
+        self._release_after_failure(session)
+
+  def _end_at_last_step(self, session):
+    """The last step is applied: a token for every replica's current step.
+
+    With the tokens of the last aggregation, that covers each replica's
+    step in flight and the one more a replica may start (see the module
+    docstring); the chief's own hook stops it after its current step.
+    """
+    session.run(self._release_op)
+    self._last_step_applied.set()
+
+  def after_run(self, run_context, run_values):
+    if self._last_step_applied.is_set():
+      run_context.request_stop()
 
   def _release_after_failure(self, session):
     """Hands every replica a token after the sync thread failed (a PS died).

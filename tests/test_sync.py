@@ -95,7 +95,11 @@ class _Cluster:
 class _Replica:
   """One worker's graph (two PS variables, constant gradients) and session."""
 
-  def __init__(self, test_cluster, index, sync_to_aggregate=None):
+  def __init__(self, test_cluster, index, sync_to_aggregate=None,
+               gated=False):
+    """`gated`: each step reads the global step for the hooks first, then
+    waits for the test (open_gate) before its gradients go out, so one step
+    can span several global steps, as a slow chief's does."""
     self.info = test_cluster.info("worker", index)
     self.target = test_cluster.targets[index]
     self.config = server_lib.session_config(self.info)
@@ -111,19 +115,35 @@ class _Replica:
         if sync_to_aggregate:
           optimizer = self.sync_optimizer = sync.wrap_sync(
               optimizer, sync_to_aggregate, self.info.num_workers)
-        grads = _grads(self.info.replica_index)
+        grads = {k: tf.constant(g)
+                 for k, g in _grads(self.info.replica_index).items()}
+        if gated:
+          grads = self._gated(grads)
         self.train_op = optimizer.apply_gradients(
-            [(tf.constant(grads[k]), v) for k, v in self.variables.items()],
+            [(grads[k], v) for k, v in self.variables.items()],
             global_step=self.global_step)
       self.done_signals = server_lib.DoneSignals(self.info)
       self.init_op = tf.compat.v1.global_variables_initializer()
     self.session = None
 
+  def _gated(self, grads):
+    # The hooks' read (StopAtStepHook's), as train_graph caches its own.
+    read = tf.identity(self.global_step.read_value())
+    self.graph.add_to_collection("global_step_read_op_cache", read)
+    reads_seen = tf.queue.FIFOQueue(4, tf.int64, shared_name="reads_seen")
+    gate = tf.queue.FIFOQueue(4, tf.float32, shared_name="gate")
+    self.next_read_seen = reads_seen.dequeue()
+    self.open_gate = gate.enqueue_many([tf.zeros([4])])
+    with tf.control_dependencies([reads_seen.enqueue(read)]):
+      opened = gate.dequeue()
+    return {k: g + opened for k, g in grads.items()}
+
   def new_session(self):
     return tf.compat.v1.Session(self.target, graph=self.graph,
                                 config=self.config)
 
-  def sync_hook(self, done_count=False, drain_timeout_secs=30.0):
+  def sync_hook(self, done_count=False, drain_timeout_secs=30.0,
+                last_step=None):
     """SyncReplicasHook wired as trainer._sync_hook wires it."""
     workers_done = None
     if done_count:
@@ -132,7 +152,7 @@ class _Replica:
     return sync.SyncReplicasHook(
         self.sync_optimizer, self.info.is_chief, self.info.num_workers,
         session_factory=self.new_session, workers_done=workers_done,
-        drain_timeout_secs=drain_timeout_secs)
+        drain_timeout_secs=drain_timeout_secs, last_step=last_step)
 
   def monitored_session(self, hooks):
     with self.graph.as_default():
@@ -447,6 +467,62 @@ class CleanEndTest(SyncTestCase):
 
   def test_three_workers_with_a_straggler(self):
     self._run(num_workers=3, straggler=2)
+
+  def test_a_chief_step_spanning_the_last_two_steps_is_the_last(self):
+    """CI, 1 PS + 3 workers, 2 per step: the chief's step began at global
+    step N-2 and got a token of N, so TF's StopAtStepHook (read + 1 < N)
+    let it start another step, whose fresh gradient waited for a partner
+    that had gone home. Here, with a last step of 2, the chief's step reads
+    step 0 and waits while workers 1 and 2 make both steps; worker 1's extra
+    steps take the spare tokens, as fast workers do, so no token is left
+    for a chief's step after this one."""
+    test_cluster = _Cluster(num_ps=1, num_workers=3)
+    chief = _Replica(test_cluster, 0, sync_to_aggregate=2, gated=True)
+    workers = [_Replica(test_cluster, i, sync_to_aggregate=2)
+               for i in (1, 2)]
+    chief.monitored_session([
+        hooks_lib.StopAtStepHook(2),
+        chief.sync_hook(done_count=True, last_step=2)])
+    for w in workers:
+      w.monitored_session([w.sync_hook()])
+
+    def chief_loop():
+      steps = 0
+      while not chief.session.should_stop():
+        chief.session.run(chief.train_op, options=_options())
+        steps += 1
+      chief.session.close()
+      server_lib.signal_done(chief.target, chief.info, chief.done_signals,
+                             chief.graph, timeout_secs=10)
+      return steps
+
+    chief_thread = _Thread("chief", chief_loop)
+    chief_thread.start()
+    with chief.new_session() as probe:
+      self.assertEqual(probe.run(chief.next_read_seen, options=_options()), 0)
+      w1, w2 = workers
+      self._steps(w1, w2)  # Step 1; one spare token.
+      self._steps(w1)      # Takes the spare token at once.
+      self._steps(w2)      # With w1's: step 2, the last.
+      self._steps(w1)      # Stale, dropped; takes a token of step 2.
+      probe.run(chief.open_gate, options=_options())
+      for w in workers:
+        w.session.close()
+        server_lib.signal_done(w.target, w.info, w.done_signals, w.graph,
+                               timeout_secs=10)
+      chief_thread.join(THREAD_TIMEOUT_SECS)
+    self.assertFalse(chief_thread.is_alive(), "the chief still runs")
+    self.assertIsNone(chief_thread.error, chief_thread.error)
+    self.assertEqual(chief_thread.result, 1)  # The gated step, no other.
+    step, values = chief.read()
+    self.assertEqual(step, 2)  # Nothing aggregated past the last step.
+    self.assertVariables(values, _expected([1, 2], [1, 2]))
+
+  def _steps(self, *replicas):
+    self.run_in_threads({
+        f"worker {r.info.task_index}":
+            (lambda r=r: r.session.run(r.train_op, options=_options()))
+        for r in replicas})
 
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = _Cluster(num_ps=1, num_workers=2)
