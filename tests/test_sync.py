@@ -276,6 +276,13 @@ class SyncTestCase(tf.test.TestCase):
             f"{str(thread.error).splitlines()[0]}") from thread.error
     return {t.name: t for t in threads}
 
+  def _step(self, replicas):
+    """One step of each replica's MonitoredSession, run concurrently."""
+    self.run_in_threads({
+        f"worker {r.info.task_index}":
+            (lambda r=r: r.session.run(r.train_op, options=_options()))
+        for r in replicas})
+
   def assertVariables(self, values, expected):
     self.assertEqual(set(values), set(expected))
     for name in expected:
@@ -320,12 +327,6 @@ class SyncTest(SyncTestCase):
     self.run_in_threads(
         {"close": lambda: [s.close() for s in reversed(sessions)]}, timeout=30)
     return time.monotonic() - start
-
-  def _step(self, replicas):
-    self.run_in_threads({
-        f"worker {r.info.task_index}":
-            (lambda r=r: r.session.run(r.train_op, options=_options()))
-        for r in replicas})
 
   def test_two_workers_average_into_one_step(self):
     test_cluster = _Cluster(num_ps=2, num_workers=2)
@@ -501,10 +502,10 @@ class CleanEndTest(SyncTestCase):
     with chief.new_session() as probe:
       self.assertEqual(probe.run(chief.next_read_seen, options=_options()), 0)
       w1, w2 = workers
-      self._steps(w1, w2)  # Step 1; one spare token.
-      self._steps(w1)      # Takes the spare token at once.
-      self._steps(w2)      # With w1's: step 2, the last.
-      self._steps(w1)      # Stale, dropped; takes a token of step 2.
+      self._step([w1, w2])  # Step 1; one spare token.
+      self._step([w1])      # Takes the spare token at once.
+      self._step([w2])      # With w1's: step 2, the last.
+      self._step([w1])      # Stale, dropped; takes a token of step 2.
       probe.run(chief.open_gate, options=_options())
       for w in workers:
         w.session.close()
@@ -517,12 +518,6 @@ class CleanEndTest(SyncTestCase):
     step, values = chief.read()
     self.assertEqual(step, 2)  # Nothing aggregated past the last step.
     self.assertVariables(values, _expected([1, 2], [1, 2]))
-
-  def _steps(self, *replicas):
-    self.run_in_threads({
-        f"worker {r.info.task_index}":
-            (lambda r=r: r.session.run(r.train_op, options=_options()))
-        for r in replicas})
 
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = _Cluster(num_ps=1, num_workers=2)
