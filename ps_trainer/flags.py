@@ -86,7 +86,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
   define_boolean(
       "sync_replicas", False,
       "Synchronous training: aggregate --replicas_to_aggregate gradients per "
-      "step (SyncReplicasOptimizer). Default: asynchronous updates.")
+      "step (TF1's SyncReplicasOptimizer scheme, with a token queue per "
+      "replica). Default: asynchronous updates.")
   define_integer(
       "replicas_to_aggregate", None,
       "Gradients averaged per synchronous step. Default: the number of "

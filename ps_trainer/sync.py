@@ -1,8 +1,9 @@
 """Synchronous replicas, and the clean end of a synchronous run.
 
-SyncReplicasOptimizer makes every replica's train op end in a dequeue from a
-token queue that only the chief's sync thread fills, after it has aggregated
-`replicas_to_aggregate` gradients. Two things then hang in plain TF1
+A synchronous replica's train op ends by taking a token from its queue, which
+only the chief's sync thread fills, after it has aggregated
+`replicas_to_aggregate` gradients (sync_replicas.py). Two things then hang in
+plain TF1
 (NOTES.md, failure mode 1):
   * a worker still inside its last step when the chief stops waits for a
     token forever;
@@ -21,6 +22,7 @@ tokens until every worker has said it is done; and the sync thread runs in a
 session of its own that the chief closes, cancelling the blocked take_grad.
 """
 
+import math
 import threading
 import time
 from typing import Callable, Optional
@@ -29,20 +31,22 @@ from absl import logging
 import tensorflow as tf
 
 from ps_trainer import errors
+from ps_trainer import sync_replicas
 from ps_trainer import waits
 
 
-def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int):
+def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int,
+              replica_index: int) -> sync_replicas.SyncOptimizer:
   """Wraps `optimizer` so each global step averages gradients of N replicas.
 
   With more workers than `replicas_to_aggregate` the extra ones are backups:
-  a step completes once N fresh gradients have arrived (any others already
-  in by then are averaged in too), and gradients older than the global step
-  are dropped, so the slowest worker never holds a step up.
+  a step completes once N fresh gradients have arrived, from N different
+  replicas (any others already in by then are averaged in too), and
+  gradients older than the global step are dropped, so the slowest worker
+  never holds a step up.
   """
-  return tf.compat.v1.train.SyncReplicasOptimizer(
-      optimizer, replicas_to_aggregate=replicas_to_aggregate,
-      total_num_replicas=num_workers)
+  return sync_replicas.SyncOptimizer(
+      optimizer, replicas_to_aggregate, num_workers, replica_index)
 
 
 class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
@@ -99,13 +103,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
   def begin(self):
     if self._is_chief:
       self._local_init_op = self._opt.chief_init_op
-      # No head start: every replica's first gradient waits for the first
-      # aggregated step, so the chief cannot run ahead of slow starters.
-      self._init_tokens_op = self._opt.get_init_tokens_op(0)
       # One token per replica: enough to release every worker blocked in its
       # last step, whatever step it was on.
-      self._release_op = self._opt.get_init_tokens_op(self._num_workers)
-      self._sync_op = self._opt.get_chief_queue_runner().enqueue_ops[0]
+      self._release_op = self._opt.release_op
+      self._sync_op = self._opt.sync_op
       self._global_step = tf.compat.v1.train.get_global_step()
     else:
       self._local_init_op = self._opt.local_step_init_op
@@ -118,10 +119,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     session.run(self._local_init_op)
     if self._is_chief:
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
+      # No head start otherwise: every replica's first gradient waits for
+      # the first aggregated step, so the chief cannot run ahead.
       if self._restarted is not None and self._restarted():
         session.run(self._release_op)
-      else:
-        session.run(self._init_tokens_op)
       self._start_sync_thread(session, coord)
 
   def _start_sync_thread(self, session, coord):
@@ -137,15 +138,14 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     try:
       # Only this thread moves the global step in a sync run, one step per
       # sync op: counting costs no read of the PS per step.
-      applied = (int(session.run(self._global_step))
-                 if self._last_step is not None else None)
+      applied = int(session.run(self._global_step))
+      last_step = math.inf if self._last_step is None else self._last_step
       while not self._stopping.is_set():
-        if applied is not None and applied >= self._last_step:
+        if applied >= last_step:
           self._end_at_last_step(session)
           return
         session.run(self._sync_op)
-        if applied is not None:
-          applied += 1
+        applied += 1
     except Exception as e:  # pylint: disable=broad-except
       if not self._stopping.is_set():
         logging.error("sync thread stopped: %s", errors.first_line(str(e)))

@@ -20,6 +20,7 @@ from ps_trainer import resume
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import sync
+from ps_trainer import sync_replicas
 from ps_trainer import waits
 
 EVAL_BATCH_SIZE = 1000
@@ -44,7 +45,7 @@ class TrainGraph:
   # Every global variable but the signature, and which of them lack a value.
   model_variables: list
   model_not_ready: tf.Tensor
-  sync_optimizer: Optional[tf.compat.v1.train.SyncReplicasOptimizer]
+  sync_optimizer: Optional[sync_replicas.SyncOptimizer]
   done_signals: Optional[server_lib.DoneSignals]
   # The chief's run signature on the PS (see run_signature.py), whether it
   # is there yet, and this task's own.
@@ -94,7 +95,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       sync_optimizer = None
       if cfg.train.sync_replicas:
         optimizer = sync_optimizer = sync.wrap_sync(
-            optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers)
+            optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers,
+            info.replica_index if info else 0)
       if reads is None:
         grads_and_vars = optimizer.compute_gradients(loss)
       else:

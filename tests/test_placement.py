@@ -276,7 +276,7 @@ class SyncGraphPlacementTest(tf.test.TestCase):
       logits = models.build_logits("mlp", features, (8, 8, 1), 10, (32, 16))
       loss, _ = models.loss_and_accuracy(logits, labels)
       optimizer = sync.wrap_sync(
-          tf.compat.v1.train.AdamOptimizer(0.01), 2, 2)
+          tf.compat.v1.train.AdamOptimizer(0.01), 2, 2, info.replica_index)
       train_op = optimizer.minimize(loss, global_step=global_step)
       if then:
         then()
@@ -295,8 +295,10 @@ class SyncGraphPlacementTest(tf.test.TestCase):
       local = tf.compat.v1.local_variables()
       self.assertEqual([v.op.name for v in local], ["sync_rep_local_step"])
       self.assertEqual(local[0].device, "/job:worker/task:1")
-      # The token queue every replica's train op dequeues from.
-      self.assertStartsWith(devices["sync_token_q"], devices["global_step"])
+      # Each replica's token queue, which its train op dequeues from.
+      for i in range(2):
+        self.assertStartsWith(devices[f"sync_token_q_{i}"],
+                              devices["global_step"])
       self.assertIsNotNone(train_op)
 
   def test_balancer_loads_are_the_bytes_each_ps_holds(self):

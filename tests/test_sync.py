@@ -114,7 +114,8 @@ class _Replica:
         self.sync_optimizer = None
         if sync_to_aggregate:
           optimizer = self.sync_optimizer = sync.wrap_sync(
-              optimizer, sync_to_aggregate, self.info.num_workers)
+              optimizer, sync_to_aggregate, self.info.num_workers,
+              self.info.replica_index)
         grads = {k: tf.constant(g)
                  for k, g in _grads(self.info.replica_index).items()}
         if gated:
@@ -363,6 +364,64 @@ class SyncTest(SyncTestCase):
     self.assertVariables(values, INIT)
     self.assertLess(self._close(sessions), 15)
 
+  def test_a_lost_workers_token_does_not_let_the_chief_train_alone(self):
+    """CI, kill -9 of worker 1 in a sync run (tests/test_faults.py): killed
+    after its gradient went in but before it took its token, it left that
+    token to whoever took next. With TF1's one shared queue the chief took
+    it, sent a second gradient for the same step, and its two made a step;
+    each such step left it a spare token again, so it trained alone."""
+    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
+                     for i in range(2))
+    sessions = self._sessions([chief, worker])
+    # Worker 1's gradient goes in; the deadline cancels its wait for a
+    # token, as the kill does.
+    with self.assertRaises(tf.errors.DeadlineExceededError):
+      worker.session.run(worker.train_op, options=_options(1.0))
+    chief.session.run(chief.train_op, options=_options())
+    step, values = chief.read()
+    self.assertEqual(step, 1)
+    self.assertVariables(values, _expected([0, 1]))
+
+    # The chief's next gradient waits for worker 1's, however long.
+    with self.assertRaises(tf.errors.DeadlineExceededError):
+      chief.session.run(chief.train_op, options=_options(1.0))
+    step, values = chief.read()
+    self.assertEqual(step, 1)
+    self.assertVariables(values, _expected([0, 1]))
+
+    # Worker 1 comes back (a new process starts at the global step): its
+    # gradient makes step 2 with the chief's waiting one, and both return.
+    with worker.new_session() as restarted:
+      restarted.run(worker.sync_optimizer.local_step_init_op,
+                    options=_options())
+      restarted.run(worker.train_op, options=_options())
+    step, values = chief.read()
+    self.assertEqual(step, 2)
+    self.assertVariables(values, _expected([0, 1], [0, 1]))
+    chief.session.run(chief.train_op, options=_options())  # Stale: dropped.
+    self.assertEqual(chief.read()[0], 2)
+    self.assertLess(self._close(sessions), 15)
+
+  def test_a_straggler_skips_to_the_newest_token(self):
+    test_cluster = _Cluster(num_ps=1, num_workers=3)
+    replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
+                for i in range(3)]
+    sessions = self._sessions(replicas)
+    self._step(replicas[:2])
+    self._step(replicas[:2])
+    self.assertEqual(replicas[0].read()[0], 2)
+    # Worker 2's gradient of step 0 is stale; its queue holds the tokens of
+    # steps 1 and 2 and it keeps the newest, so its next gradient is fresh:
+    # with the chief's, it makes step 3. Had it kept the oldest, it would
+    # send a stale gradient for each token it missed.
+    self._step(replicas[2:])
+    self._step([replicas[0], replicas[2]])
+    step, values = replicas[1].read()
+    self.assertEqual(step, 3)
+    self.assertVariables(values, _expected([0, 1], [0, 1], [0, 2]))
+    self.assertLess(self._close(sessions), 15)
+
   def test_backup_worker_gradient_is_dropped(self):
     test_cluster = _Cluster(num_ps=2, num_workers=3)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
@@ -376,7 +435,7 @@ class SyncTest(SyncTestCase):
     self.assertVariables(values, _expected([0, 1]))
 
     # The straggler's gradient (computed at step 0) is stale: dropped, and it
-    # still gets a token (tokens per step = total replicas), so it returns.
+    # still gets a token (each step gives every replica one), so it returns.
     self._step(replicas[2:])
     step, values = replicas[0].read()
     self.assertEqual(step, 1)
@@ -428,37 +487,47 @@ class CleanEndTest(SyncTestCase):
                            r.sync_hook(done_count=True,
                                        drain_timeout_secs=30)])
 
-    def replica_loop(r):
-      steps = 0
-      session = r.session
-      while not session.should_stop():
-        session.run(r.train_op, options=_options())
-        steps += 1
-      if r.info.task_index == straggler:
-        with r.new_session() as raw:
-          raw.run(r.train_op, options=_options())
-      start = time.monotonic()
-      session.close()
-      close_secs = time.monotonic() - start
-      server_lib.signal_done(r.target, r.info, r.done_signals, r.graph,
-                             timeout_secs=10)
-      return steps, close_secs
-
     threads = self.run_in_threads(
-        {f"worker {r.info.task_index}": (lambda r=r: replica_loop(r))
+        {f"worker {r.info.task_index}":
+             (lambda r=r: self._train_to_end(
+                 r, extra_step=r.info.task_index == straggler))
          for r in replicas})
     step, _ = replicas[0].read()
     self.assertEqual(step, self.TRAIN_STEPS)
     self.assertEqual(replicas[0].done_counts(), [num_workers] * 2)
     for thread in threads.values():
       steps, close_secs = thread.result
-      # About one step per global step; a replica that wins the race for
-      # tokens may contribute more than one gradient to a step.
-      self.assertBetween(steps, 1, 2 * self.TRAIN_STEPS, thread.name)
+      # Every step waits for every replica, and a replica takes only its
+      # own tokens: one gradient each per global step, never two.
+      self.assertEqual(steps, self.TRAIN_STEPS, thread.name)
       # No grace period waited out for the chief's sync thread, and the
       # chief waits for the others only as long as they need.
       self.assertLess(close_secs, 15, thread.name)
     return threads
+
+  def _train_to_end(self, r, extra_step=False):
+    """Steps until the hooks stop it, closes, says done: (steps, close secs).
+
+    `extra_step`: one more step after stopping, outside the session.
+    """
+    steps = 0
+    while not r.session.should_stop():
+      r.session.run(r.train_op, options=_options())
+      steps += 1
+    if extra_step:
+      with r.new_session() as raw:
+        raw.run(r.train_op, options=_options())
+    return steps, self._leave(r)
+
+  def _leave(self, r):
+    """Closes r's session and sets its done flags, as trainer.train does
+    after its loop: the close's seconds."""
+    start = time.monotonic()
+    r.session.close()
+    close_secs = time.monotonic() - start
+    server_lib.signal_done(r.target, r.info, r.done_signals, r.graph,
+                           timeout_secs=10)
+    return close_secs
 
   def test_two_workers_stop_at_the_last_step(self):
     self._run(num_workers=2)
@@ -474,9 +543,9 @@ class CleanEndTest(SyncTestCase):
     step N-2 and got a token of N, so TF's StopAtStepHook (read + 1 < N)
     let it start another step, whose fresh gradient waited for a partner
     that had gone home. Here, with a last step of 2, the chief's step reads
-    step 0 and waits while workers 1 and 2 make both steps; worker 1's extra
-    steps take the spare tokens, as fast workers do, so no token is left
-    for a chief's step after this one."""
+    step 0 and waits while workers 1 and 2 make both steps; its queue then
+    holds the tokens of steps 1 and 2, and nothing but the sync thread's
+    release at the last step would let a second chief step return."""
     test_cluster = _Cluster(num_ps=1, num_workers=3)
     chief = _Replica(test_cluster, 0, sync_to_aggregate=2, gated=True)
     workers = [_Replica(test_cluster, i, sync_to_aggregate=2)
@@ -487,34 +556,21 @@ class CleanEndTest(SyncTestCase):
     for w in workers:
       w.monitored_session([w.sync_hook()])
 
-    def chief_loop():
-      steps = 0
-      while not chief.session.should_stop():
-        chief.session.run(chief.train_op, options=_options())
-        steps += 1
-      chief.session.close()
-      server_lib.signal_done(chief.target, chief.info, chief.done_signals,
-                             chief.graph, timeout_secs=10)
-      return steps
-
-    chief_thread = _Thread("chief", chief_loop)
+    chief_thread = _Thread("chief", lambda: self._train_to_end(chief)[0])
     chief_thread.start()
     with chief.new_session() as probe:
       self.assertEqual(probe.run(chief.next_read_seen, options=_options()), 0)
-      w1, w2 = workers
-      self._step([w1, w2])  # Step 1; one spare token.
-      self._step([w1])      # Takes the spare token at once.
-      self._step([w2])      # With w1's: step 2, the last.
-      self._step([w1])      # Stale, dropped; takes a token of step 2.
+      self._step(workers)  # Step 1.
+      self._step(workers)  # Step 2, the last.
       probe.run(chief.open_gate, options=_options())
       for w in workers:
-        w.session.close()
-        server_lib.signal_done(w.target, w.info, w.done_signals, w.graph,
-                               timeout_secs=10)
+        self._leave(w)
       chief_thread.join(THREAD_TIMEOUT_SECS)
     self.assertFalse(chief_thread.is_alive(), "the chief still runs")
     self.assertIsNone(chief_thread.error, chief_thread.error)
-    self.assertEqual(chief_thread.result, 1)  # The gated step, no other.
+    # The gated step, and at most one more if it returned before the sync
+    # thread's release: that release is what lets the second one return.
+    self.assertBetween(chief_thread.result, 1, 2)
     step, values = chief.read()
     self.assertEqual(step, 2)  # Nothing aggregated past the last step.
     self.assertVariables(values, _expected([1, 2], [1, 2]))

@@ -104,7 +104,7 @@ class SparseGradientTest(parameterized.TestCase):
         _, _, _, loss = _build(2)
         optimizer = optimizers.make_optimizer("adagrad", 0.1)
         if sync_replicas:
-          optimizer = sync.wrap_sync(optimizer, 2, 2)
+          optimizer = sync.wrap_sync(optimizer, 2, 2, replica_index=0)
         grads_and_vars = optimizer.compute_gradients(loss)
         optimizer.apply_gradients(grads_and_vars, global_step=global_step)
       part_shapes = set()

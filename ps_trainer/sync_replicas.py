@@ -1,0 +1,164 @@
+"""Synchronous replicas with one token queue per replica.
+
+The scheme is TF1's SyncReplicasOptimizer's: every variable has a gradient
+accumulator on its PS that takes gradients tagged with the sender's local
+step, drops stale ones, and hands the chief's sync op the average of
+`replicas_to_aggregate` fresh ones; the sync op applies it, moves the global
+step on and hands out tokens (the new global step), and a replica's train op
+ends by taking one: that is how it learns the step it may compute next.
+
+TF1 puts every token in one queue that all replicas take from, so a token is
+anybody's. A worker killed after its gradient went in but before it took its
+token leaves that token to the next taker: the chief took it at once, sent a
+second gradient for the same step, and since the accumulators count
+gradients, not replicas, its two made a step; each such step leaves it the
+token of the dead worker again. In CI the "synchronous" chief went on to
+train alone, 237 steps in 4 s, while the job should have waited for the
+worker (tests/test_faults.py). A fast worker likewise takes a slow one's
+token and counts twice in a step.
+
+Here the sync op puts one token in each replica's own queue, so a replica
+can only ever take its own, and it takes all it has and keeps the newest:
+a replica that fell behind (a backup, or a worker back from a restart) skips
+straight to the current step instead of sending a stale gradient for each
+token it missed.
+"""
+
+from typing import List
+
+import tensorflow as tf
+
+from ps_trainer import waits
+
+
+class SyncOptimizer(tf.compat.v1.train.Optimizer):
+  """Wraps `optimizer` so each global step averages gradients of N replicas.
+
+  Build it on every replica with the same arguments except
+  `replica_index`, then use `apply_gradients`'s train op as the replica's
+  train op. The chief runs `chief_init_op` once per session and `sync_op` in
+  a loop (sync.SyncReplicasHook does both); every other replica runs
+  `local_step_init_op` once per session.
+
+  Attributes, after apply_gradients():
+    local_step_init_op: starts this replica at the current global step.
+    chief_init_op: also tells the accumulators the current global step.
+    ready_for_local_init_op: reports the global variables not yet set.
+    sync_op: waits for N fresh gradients per variable, applies their mean,
+      moves the global step on and gives every replica a token of it.
+    release_op: gives every replica a token of the current global step, so
+      a replica blocked at the end of its step returns.
+  """
+
+  def __init__(self, optimizer: tf.compat.v1.train.Optimizer,
+               replicas_to_aggregate: int, num_workers: int,
+               replica_index: int, name: str = "sync_replicas"):
+    super().__init__(use_locking=False, name=name)
+    if not 0 <= replica_index < num_workers:
+      raise ValueError(f"replica_index {replica_index} is not one of the "
+                       f"{num_workers} replicas")
+    self._opt = optimizer
+    self._replicas_to_aggregate = replicas_to_aggregate
+    self._num_workers = num_workers
+    self._replica_index = replica_index
+    self.local_step_init_op = None
+    self.chief_init_op = None
+    self.ready_for_local_init_op = None
+    self.sync_op = None
+    self.release_op = None
+
+  def compute_gradients(self, *args, **kwargs):
+    return self._opt.compute_gradients(*args, **kwargs)
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Sends this replica's gradients and takes its token: the train op."""
+    grads_and_vars = list(grads_and_vars)
+    if not grads_and_vars:
+      raise ValueError("no gradients to apply")
+    if global_step is None:
+      raise ValueError("a global step is needed to tell stale gradients")
+    # A local variable, never checkpointed or shared, and on this worker:
+    # a device function sends every variable to a PS, so it sits with an op
+    # that the device function leaves on the worker.
+    with tf.compat.v1.colocate_with(tf.no_op(name="local_anchor")):
+      local_step = tf.compat.v1.Variable(
+          0, dtype=global_step.dtype.base_dtype, trainable=False,
+          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+          name="sync_rep_local_step")
+    self.local_step_init_op = local_step.assign(global_step)
+    self.ready_for_local_init_op = waits.report_uninitialized(
+        tf.compat.v1.global_variables())
+
+    sends, means, accumulators = [], [], []
+    with tf.compat.v1.name_scope(None, self._name):
+      for grad, var in grads_and_vars:
+        if grad is None:
+          means.append(None)
+          continue
+        with tf.compat.v1.device(var.device):
+          send, mean, accumulator = _accumulate(
+              grad, var, local_step, self._replicas_to_aggregate)
+        sends.append(send)
+        means.append(mean)
+        accumulators.append((accumulator, var.device))
+
+    with tf.compat.v1.device(global_step.device), tf.compat.v1.name_scope(""):
+      update = self._opt.apply_gradients(
+          zip(means, [v for _, v in grads_and_vars]), global_step)
+      queues = [tf.queue.FIFOQueue(-1, global_step.dtype.base_dtype,
+                                   shapes=(), name=f"sync_token_q_{i}",
+                                   shared_name=f"sync_token_q_{i}")
+                for i in range(self._num_workers)]
+      with tf.control_dependencies([update]):
+        self.sync_op = _give_each_a_token(queues, global_step)
+      self.release_op = _give_each_a_token(queues, global_step)
+      with tf.control_dependencies(sends):
+        token = _newest_token(queues[self._replica_index])
+    train_op = local_step.assign(token, name=name, read_value=False)
+
+    chief_init = [self.local_step_init_op]
+    for accumulator, device in accumulators:
+      with tf.compat.v1.device(device):
+        chief_init.append(accumulator.set_global_step(
+            global_step, name="SetGlobalStep"))
+    self.chief_init_op = tf.group(*chief_init)
+    return train_op
+
+  def get_slot(self, *args, **kwargs):
+    return self._opt.get_slot(*args, **kwargs)
+
+  def get_slot_names(self, *args, **kwargs):
+    return self._opt.get_slot_names(*args, **kwargs)
+
+  def variables(self) -> List[tf.Variable]:
+    return self._opt.variables()
+
+
+def _accumulate(grad, var, local_step, replicas_to_aggregate: int):
+  """(op sending `grad`, the mean of N fresh ones, the accumulator)."""
+  if isinstance(grad, tf.IndexedSlices):
+    accumulator = tf.compat.v1.SparseConditionalAccumulator(
+        grad.dtype, shape=(), shared_name=var.name + "/grad_accum")
+    return (accumulator.apply_indexed_slices_grad(grad, local_step=local_step),
+            accumulator.take_indexed_slices_grad(replicas_to_aggregate),
+            accumulator)
+  accumulator = tf.compat.v1.ConditionalAccumulator(
+      grad.dtype, shape=var.get_shape(), shared_name=var.name + "/grad_accum")
+  return (accumulator.apply_grad(grad, local_step=local_step),
+          accumulator.take_grad(replicas_to_aggregate), accumulator)
+
+
+def _give_each_a_token(queues, global_step) -> tf.Operation:
+  token = global_step.read_value()
+  return tf.group(*[q.enqueue(token) for q in queues])
+
+
+def _newest_token(queue) -> tf.Tensor:
+  """Waits for a token in `queue`, then takes every one there: the newest.
+
+  Only this replica takes from its queue, so the size read first can only
+  grow before the dequeue: taking max(size, 1) never waits once one is in.
+  """
+  waiting = queue.size()
+  tokens = queue.dequeue_many(tf.maximum(waiting, 1))
+  return tf.reduce_max(tokens)
