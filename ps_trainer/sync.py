@@ -3,8 +3,7 @@
 A synchronous replica's train op ends by taking a token from its queue, which
 only the chief's sync thread fills, after it has aggregated
 `replicas_to_aggregate` gradients (sync_replicas.py). Two things then hang in
-plain TF1
-(NOTES.md, failure mode 1):
+plain TF1 (NOTES.md, failure mode 1):
   * a worker still inside its last step when the chief stops waits for a
     token forever;
   * the chief's sync thread sits in the accumulators' take_grad for a step that
@@ -50,7 +49,7 @@ def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int,
 
 
 class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
-  """Runs SyncReplicasOptimizer's per-session set-up, and ends a sync run cleanly.
+  """Runs the sync optimizer's per-session set-up, and ends a sync run cleanly.
 
   Args:
     sync_optimizer: the wrapped optimizer, after apply_gradients().
@@ -70,7 +69,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     restarted: () -> True when this chief's session resumed a run whose
       sync state lives on (resume.ChiefStart.resumed_mid_run): a restarted
       chief, or one that restored a lost PS. The other workers may then be
-      blocked on the token queue with gradients nobody will aggregate; the
+      blocked on their token queues with gradients nobody will aggregate; the
       chief hands each a token instead of starting with none.
     last_step: the global step at which the run ends (--train_steps); the
       chief's sync thread applies none past it. None: no end.
@@ -106,6 +105,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # One token per replica: enough to release every worker blocked in its
       # last step, whatever step it was on.
       self._release_op = self._opt.release_op
+      self._release_others_op = self._opt.release_others_op
       self._sync_op = self._opt.sync_op
       self._global_step = tf.compat.v1.train.get_global_step()
     else:
@@ -121,8 +121,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
       # No head start otherwise: every replica's first gradient waits for
       # the first aggregated step, so the chief cannot run ahead.
+      # Not to itself: no step of this session is blocked yet, and a token
+      # would let its first gradient count twice.
       if self._restarted is not None and self._restarted():
-        session.run(self._release_op)
+        session.run(self._release_others_op)
       self._start_sync_thread(session, coord)
 
   def _start_sync_thread(self, session, coord):
@@ -160,10 +162,13 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
 
     With the tokens of the last aggregation, that covers each replica's
     step in flight and the one more a replica may start (see the module
-    docstring); the chief's own hook stops it after its current step.
+    docstring); the chief's own hook stops it after its current step. The
+    flag goes first: a chief step that took these tokens along with the last
+    step's must already see it, or it would start another step that no
+    token will ever end.
     """
-    session.run(self._release_op)
     self._last_step_applied.set()
+    session.run(self._release_op)
 
   def after_run(self, run_context, run_values):
     if self._last_step_applied.is_set():

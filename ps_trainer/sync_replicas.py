@@ -48,6 +48,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
       moves the global step on and gives every replica a token of it.
     release_op: gives every replica a token of the current global step, so
       a replica blocked at the end of its step returns.
+    release_others_op: the same for every replica but this one.
   """
 
   def __init__(self, optimizer: tf.compat.v1.train.Optimizer,
@@ -66,6 +67,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
     self.ready_for_local_init_op = None
     self.sync_op = None
     self.release_op = None
+    self.release_others_op = None
 
   def compute_gradients(self, *args, **kwargs):
     return self._opt.compute_gradients(*args, **kwargs)
@@ -85,7 +87,6 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
           0, dtype=global_step.dtype.base_dtype, trainable=False,
           collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
           name="sync_rep_local_step")
-    self.local_step_init_op = local_step.assign(global_step)
     self.ready_for_local_init_op = waits.report_uninitialized(
         tf.compat.v1.global_variables())
 
@@ -112,9 +113,14 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
       with tf.control_dependencies([update]):
         self.sync_op = _give_each_a_token(queues, global_step)
       self.release_op = _give_each_a_token(queues, global_step)
+      own_queue = queues[self._replica_index]
+      self.release_others_op = _give_each_a_token(
+          [q for q in queues if q is not own_queue], global_step)
       with tf.control_dependencies(sends):
-        token = _newest_token(queues[self._replica_index])
+        token = _newest_token(own_queue)
+      start = _start_step(own_queue, global_step)
     train_op = local_step.assign(token, name=name, read_value=False)
+    self.local_step_init_op = local_step.assign(start, read_value=False)
 
     chief_init = [self.local_step_init_op]
     for accumulator, device in accumulators:
@@ -158,7 +164,25 @@ def _newest_token(queue) -> tf.Tensor:
 
   Only this replica takes from its queue, so the size read first can only
   grow before the dequeue: taking max(size, 1) never waits once one is in.
+  (The PS cancels the pending dequeue of a replica whose process died when
+  its connection closes; one left behind by a cut link would take a token of
+  the replica's next process, as it would in TF1's shared queue.)
   """
   waiting = queue.size()
   tokens = queue.dequeue_many(tf.maximum(waiting, 1))
   return tf.reduce_max(tokens)
+
+
+def _start_step(queue, global_step) -> tf.Tensor:
+  """Where a replica starts: the global step, and its queue emptied.
+
+  A worker back from a restart finds the tokens given to it while it was
+  away; had it kept them, its first step would return at once and its second
+  gradient would count in the same step as its first. The step is read
+  before the queue is emptied, so a token taken with the rest can only be
+  newer than it (then the replica starts there).
+  """
+  step = global_step.read_value()
+  with tf.control_dependencies([step]):
+    left = queue.dequeue_many(queue.size())
+  return tf.reduce_max(tf.concat([[step], left], 0))

@@ -28,6 +28,7 @@ from ps_trainer import hooks as hooks_lib
 from ps_trainer import placement
 from ps_trainer import server as server_lib
 from ps_trainer import sync
+from ps_trainer import waits
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -144,7 +145,7 @@ class _Replica:
                                 config=self.config)
 
   def sync_hook(self, done_count=False, drain_timeout_secs=30.0,
-                last_step=None):
+                last_step=None, restarted=False):
     """SyncReplicasHook wired as trainer._sync_hook wires it."""
     workers_done = None
     if done_count:
@@ -153,7 +154,8 @@ class _Replica:
     return sync.SyncReplicasHook(
         self.sync_optimizer, self.info.is_chief, self.info.num_workers,
         session_factory=self.new_session, workers_done=workers_done,
-        drain_timeout_secs=drain_timeout_secs, last_step=last_step)
+        drain_timeout_secs=drain_timeout_secs, last_step=last_step,
+        restarted=lambda: restarted)
 
   def monitored_session(self, hooks):
     with self.graph.as_default():
@@ -377,7 +379,7 @@ class SyncTest(SyncTestCase):
     # Worker 1's gradient goes in; the deadline cancels its wait for a
     # token, as the kill does.
     with self.assertRaises(tf.errors.DeadlineExceededError):
-      worker.session.run(worker.train_op, options=_options(1.0))
+      worker.session.run(worker.train_op, options=_options(3.0))
     chief.session.run(chief.train_op, options=_options())
     step, values = chief.read()
     self.assertEqual(step, 1)
@@ -390,18 +392,49 @@ class SyncTest(SyncTestCase):
     self.assertEqual(step, 1)
     self.assertVariables(values, _expected([0, 1]))
 
-    # Worker 1 comes back (a new process starts at the global step): its
-    # gradient makes step 2 with the chief's waiting one, and both return.
+    # Worker 1 comes back: a new process empties its queue (the token of
+    # step 1 it never took) and starts at the global step. Its gradient makes
+    # step 2 with the one the chief sent before its deadline; only then does
+    # its step return, and its next gradient waits for the chief's.
     with worker.new_session() as restarted:
       restarted.run(worker.sync_optimizer.local_step_init_op,
                     options=_options())
       restarted.run(worker.train_op, options=_options())
-    step, values = chief.read()
-    self.assertEqual(step, 2)
-    self.assertVariables(values, _expected([0, 1], [0, 1]))
+      step, values = chief.read()
+      self.assertEqual(step, 2)
+      self.assertVariables(values, _expected([0, 1], [0, 1]))
+      with self.assertRaises(tf.errors.DeadlineExceededError):
+        restarted.run(worker.train_op, options=_options(1.0))
+    self.assertEqual(chief.read()[0], 2)
     chief.session.run(chief.train_op, options=_options())  # Stale: dropped.
     self.assertEqual(chief.read()[0], 2)
     self.assertLess(self._close(sessions), 15)
+
+  def test_a_restarted_chief_releases_the_others_but_not_itself(self):
+    """A chief that resumes a run hands every other worker a token (they may
+    be blocked in a step whose gradient it will never aggregate); a token
+    of its own would let its first gradient count twice, alone."""
+    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
+                     for i in range(2))
+    sessions = self._sessions([chief, worker])
+    self._step([chief, worker])
+    chief.session.close()  # Its sync thread ends with it.
+    with chief.graph.as_default():
+      hook = chief.sync_hook(restarted=True)
+      hook.begin()
+    with chief.new_session() as restarted:
+      hook.after_create_session(restarted, tf.compat.v1.train.Coordinator())
+      with self.assertRaises(tf.errors.DeadlineExceededError):
+        restarted.run(chief.train_op, options=_options(1.0))
+      # The worker's token returns its step at once; its gradient and the
+      # chief's make step 2.
+      worker.session.run(worker.train_op, options=_options())
+      waits.wait_until(lambda: chief.read()[0] == 2, "global step 2",
+                       STEP_TIMEOUT_SECS, poll_secs=0.05)
+      self.assertVariables(chief.read()[1], _expected([0, 1], [0, 1]))
+      hook.end(restarted)
+    self.assertLess(self._close(sessions[1:]), 15)
 
   def test_a_straggler_skips_to_the_newest_token(self):
     test_cluster = _Cluster(num_ps=1, num_workers=3)
@@ -568,8 +601,9 @@ class CleanEndTest(SyncTestCase):
       chief_thread.join(THREAD_TIMEOUT_SECS)
     self.assertFalse(chief_thread.is_alive(), "the chief still runs")
     self.assertIsNone(chief_thread.error, chief_thread.error)
-    # The gated step, and at most one more if it returned before the sync
-    # thread's release: that release is what lets the second one return.
+    # The gated step, and at most one more: if the gated step returned
+    # before the sync thread flagged the last step, the chief starts
+    # another, and only the release at the last step ends it.
     self.assertBetween(chief_thread.result, 1, 2)
     step, values = chief.read()
     self.assertEqual(step, 2)  # Nothing aggregated past the last step.
