@@ -22,6 +22,13 @@ can only ever take its own, and it takes all it has and keeps the newest:
 a replica that fell behind (a backup, or a worker back from a restart) skips
 straight to the current step instead of sending a stale gradient for each
 token it missed.
+
+One gap is left. A chief that resumes a run (after its own restart or a
+PS's) gives every other replica a release token; a replica that (re)started
+just before, so was not blocked in a step, takes it at the end of its first
+step and returns at once: that step and its next may both count in one
+global step. It happens once per restart, never after; closing it would
+need release tokens told apart from the tokens of a finished step.
 """
 
 from typing import List
