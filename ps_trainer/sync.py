@@ -40,10 +40,9 @@ def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int,
 
   With more workers than `replicas_to_aggregate` the extra ones are backups:
   a step completes once fresh gradients of N different replicas have arrived
-  (any others already in by then are averaged in too; a step just after a
-  restart may hold two of one replica, see sync_replicas.py), and gradients
-  older than the global step are dropped, so the slowest worker never holds
-  a step up.
+  (any others already in by then are averaged in too), and gradients older
+  than the global step are dropped, so the slowest worker never holds a step
+  up.
   """
   return sync_replicas.SyncOptimizer(
       optimizer, replicas_to_aggregate, num_workers, replica_index)

@@ -23,12 +23,12 @@ a replica that fell behind (a backup, or a worker back from a restart) skips
 straight to the current step instead of sending a stale gradient for each
 token it missed.
 
-One gap is left. A chief that resumes a run (after its own restart or a
-PS's) gives every other replica a release token; a replica that (re)started
-just before, so was not blocked in a step, takes it at the end of its first
-step and returns at once: that step and its next may both count in one
-global step. It happens once per restart, never after; closing it would
-need release tokens told apart from the tokens of a finished step.
+A token no newer than the step of the gradient a replica just sent was not
+made by that gradient's step: it is a release (handed out by a chief that
+resumes a run, for replicas blocked in a step, or at the end), or one given
+in the instant a replica joined. It still ends the replica's step, but its
+next gradient carries a local step of -1, which every accumulator drops, and
+the replica then waits for a token as usual: it never counts twice.
 """
 
 from typing import List
@@ -36,6 +36,10 @@ from typing import List
 import tensorflow as tf
 
 from ps_trainer import waits
+
+
+# A local step below every global step: a gradient tagged with it is stale.
+_DROPPED = -1
 
 
 class SyncOptimizer(tf.compat.v1.train.Optimizer):
@@ -96,6 +100,8 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
           name="sync_rep_local_step")
     self.ready_for_local_init_op = waits.report_uninitialized(
         tf.compat.v1.global_variables())
+    # One read for the gradients' tags and the check of the token.
+    sent = local_step.read_value()
 
     sends, means, accumulators = [], [], []
     with tf.compat.v1.name_scope(None, self._name):
@@ -105,7 +111,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
           continue
         with tf.compat.v1.device(var.device):
           send, mean, accumulator = _accumulate(
-              grad, var, local_step, self._replicas_to_aggregate)
+              grad, var, sent, self._replicas_to_aggregate)
         sends.append(send)
         means.append(mean)
         accumulators.append((accumulator, var.device))
@@ -126,7 +132,9 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
       with tf.control_dependencies(sends):
         token = _newest_token(own_queue)
       start = _start_step(own_queue, global_step)
-    train_op = local_step.assign(token, name=name, read_value=False)
+    next_step = tf.where(token > sent, token,
+                         tf.constant(_DROPPED, token.dtype))
+    train_op = local_step.assign(next_step, name=name, read_value=False)
     self.local_step_init_op = local_step.assign(start, read_value=False)
 
     chief_init = [self.local_step_init_op]
@@ -184,10 +192,10 @@ def _start_step(queue, global_step) -> tf.Tensor:
   """Where a replica starts: the global step, and its queue emptied.
 
   A worker back from a restart finds the tokens given to it while it was
-  away; had it kept them, its first step would return at once and its second
-  gradient would count in the same step as its first. The step is read
-  before the queue is emptied, so a token taken with the rest can only be
-  newer than it (then the replica starts there).
+  away; had it kept them, its first step would return at once and its next
+  gradient would be dropped (see the module docstring): a step's work lost.
+  The step is read before the queue is emptied, so a token taken with the
+  rest can only be newer than it (then the replica starts there).
   """
   step = global_step.read_value()
   with tf.control_dependencies([step]):

@@ -436,6 +436,32 @@ class SyncTest(SyncTestCase):
       hook.end(restarted)
     self.assertLess(self._close(sessions[1:]), 15)
 
+  def test_a_release_token_never_makes_a_gradient_count_twice(self):
+    """A chief that resumes a run releases the other replicas, which may be
+    blocked in a step; one that was not (it had just started) finds the
+    token at the end of its first step. Its step returns, but its next
+    gradient must not count in the same global step as its first."""
+    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
+                     for i in range(2))
+    sessions = self._sessions([chief, worker])
+    self._step([chief, worker])
+    chief.session.run(chief.sync_optimizer.release_others_op,
+                      options=_options())
+    worker.session.run(worker.train_op, options=_options())  # The release.
+    with self.assertRaises(tf.errors.DeadlineExceededError):
+      worker.session.run(worker.train_op, options=_options(1.0))
+    step, values = chief.read()
+    self.assertEqual(step, 1)
+    self.assertVariables(values, _expected([0, 1]))
+    # The worker's first gradient of step 1 waits in the accumulators: with
+    # the chief's, it makes step 2.
+    chief.session.run(chief.train_op, options=_options())
+    step, values = chief.read()
+    self.assertEqual(step, 2)
+    self.assertVariables(values, _expected([0, 1], [0, 1]))
+    self.assertLess(self._close(sessions), 15)
+
   def test_a_straggler_skips_to_the_newest_token(self):
     test_cluster = _Cluster(num_ps=1, num_workers=3)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
