@@ -119,10 +119,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     session.run(self._local_init_op)
     if self._is_chief:
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
-      # No head start otherwise: every replica's first gradient waits for
-      # the first aggregated step, so the chief cannot run ahead.
-      # Not to itself: no step of this session is blocked yet, and a token
-      # would let its first gradient count twice.
+      # A resumed run: the other workers may be blocked in a step, and a
+      # token each lets them out (none for the chief: no step of this
+      # session is blocked yet, and its first would return for nothing).
+      # Otherwise no tokens: every replica's first gradient waits for the
+      # first aggregated step, so the chief cannot run ahead.
       if self._restarted is not None and self._restarted():
         session.run(self._release_others_op)
       self._start_sync_thread(session, coord)
