@@ -286,6 +286,12 @@ class SyncTestCase(tf.test.TestCase):
             (lambda r=r: r.session.run(r.train_op, options=_options()))
         for r in replicas})
 
+  def assertModel(self, replica, step, expected):
+    """The global step and the variables, read through `replica`."""
+    read_step, values = replica.read()
+    self.assertEqual(read_step, step)
+    self.assertVariables(values, expected)
+
   def assertVariables(self, values, expected):
     self.assertEqual(set(values), set(expected))
     for name in expected:
@@ -305,14 +311,10 @@ class AsyncTest(SyncTestCase):
     with chief.new_session() as session:
       session.run(chief.init_op, options=_options())
       session.run(chief.train_op, options=_options())
-    step, values = worker.read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0], average=False))
+    self.assertModel(worker, 1, _expected([0], average=False))
     with worker.new_session() as session:
       session.run(worker.train_op, options=_options())
-    step, values = chief.read()
-    self.assertEqual(step, 2)
-    self.assertVariables(values, _expected([0], [1], average=False))
+    self.assertModel(chief, 2, _expected([0], [1], average=False))
 
 
 class SyncTest(SyncTestCase):
@@ -336,19 +338,13 @@ class SyncTest(SyncTestCase):
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(2)]
     sessions = self._sessions(replicas)
-    step, values = replicas[1].read()
-    self.assertEqual(step, 0)
-    self.assertVariables(values, INIT)
+    self.assertModel(replicas[1], 0, INIT)
 
     self._step(replicas)
-    step, values = replicas[0].read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(replicas[0], 1, _expected([0, 1]))
 
     self._step(replicas)
-    step, values = replicas[1].read()
-    self.assertEqual(step, 2)
-    self.assertVariables(values, _expected([0, 1], [0, 1]))
+    self.assertModel(replicas[1], 2, _expected([0, 1], [0, 1]))
 
     # The chief's sync thread sits in take_grad for step 3; closing must not
     # wait out a grace period for it (NOTES.md, failure mode 1).
@@ -361,9 +357,7 @@ class SyncTest(SyncTestCase):
     sessions = self._sessions(replicas)
     with self.assertRaises(tf.errors.DeadlineExceededError):
       replicas[0].session.run(replicas[0].train_op, options=_options(1.0))
-    step, values = replicas[1].read()
-    self.assertEqual(step, 0)
-    self.assertVariables(values, INIT)
+    self.assertModel(replicas[1], 0, INIT)
     self.assertLess(self._close(sessions), 15)
 
   def test_a_lost_workers_token_does_not_let_the_chief_train_alone(self):
@@ -381,16 +375,12 @@ class SyncTest(SyncTestCase):
     with self.assertRaises(tf.errors.DeadlineExceededError):
       worker.session.run(worker.train_op, options=_options(3.0))
     chief.session.run(chief.train_op, options=_options())
-    step, values = chief.read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(chief, 1, _expected([0, 1]))
 
     # The chief's next gradient waits for worker 1's, however long.
     with self.assertRaises(tf.errors.DeadlineExceededError):
       chief.session.run(chief.train_op, options=_options(1.0))
-    step, values = chief.read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(chief, 1, _expected([0, 1]))
 
     # Worker 1 comes back: a new process empties its queue (the token of
     # step 1 it never took) and starts at the global step. Its gradient makes
@@ -400,9 +390,7 @@ class SyncTest(SyncTestCase):
       restarted.run(worker.sync_optimizer.local_step_init_op,
                     options=_options())
       restarted.run(worker.train_op, options=_options())
-      step, values = chief.read()
-      self.assertEqual(step, 2)
-      self.assertVariables(values, _expected([0, 1], [0, 1]))
+      self.assertModel(chief, 2, _expected([0, 1], [0, 1]))
       with self.assertRaises(tf.errors.DeadlineExceededError):
         restarted.run(worker.train_op, options=_options(1.0))
     self.assertEqual(chief.read()[0], 2)
@@ -451,15 +439,11 @@ class SyncTest(SyncTestCase):
     worker.session.run(worker.train_op, options=_options())  # The release.
     with self.assertRaises(tf.errors.DeadlineExceededError):
       worker.session.run(worker.train_op, options=_options(1.0))
-    step, values = chief.read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(chief, 1, _expected([0, 1]))
     # The worker's first gradient of step 1 waits in the accumulators: with
     # the chief's, it makes step 2.
     chief.session.run(chief.train_op, options=_options())
-    step, values = chief.read()
-    self.assertEqual(step, 2)
-    self.assertVariables(values, _expected([0, 1], [0, 1]))
+    self.assertModel(chief, 2, _expected([0, 1], [0, 1]))
     self.assertLess(self._close(sessions), 15)
 
   def test_a_straggler_skips_to_the_newest_token(self):
@@ -476,9 +460,7 @@ class SyncTest(SyncTestCase):
     # send a stale gradient for each token it missed.
     self._step(replicas[2:])
     self._step([replicas[0], replicas[2]])
-    step, values = replicas[1].read()
-    self.assertEqual(step, 3)
-    self.assertVariables(values, _expected([0, 1], [0, 1], [0, 2]))
+    self.assertModel(replicas[1], 3, _expected([0, 1], [0, 1], [0, 2]))
     self.assertLess(self._close(sessions), 15)
 
   def test_backup_worker_gradient_is_dropped(self):
@@ -489,22 +471,16 @@ class SyncTest(SyncTestCase):
     sessions = self._sessions(replicas)
 
     self._step(replicas[:2])
-    step, values = replicas[2].read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(replicas[2], 1, _expected([0, 1]))
 
     # The straggler's gradient (computed at step 0) is stale: dropped, and it
     # still gets a token (each step gives every replica one), so it returns.
     self._step(replicas[2:])
-    step, values = replicas[0].read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 1]))
+    self.assertModel(replicas[0], 1, _expected([0, 1]))
 
     # Step 2 holds nothing of the stale gradient: workers 0 and 1 again.
     self._step(replicas[:2])
-    step, values = replicas[1].read()
-    self.assertEqual(step, 2)
-    self.assertVariables(values, _expected([0, 1], [0, 1]))
+    self.assertModel(replicas[1], 2, _expected([0, 1], [0, 1]))
     self.assertLess(self._close(sessions), 15)
 
   def test_any_two_of_three_make_a_step(self):
@@ -513,9 +489,7 @@ class SyncTest(SyncTestCase):
                 for i in range(3)]
     sessions = self._sessions(replicas)
     self._step([replicas[0], replicas[2]])
-    step, values = replicas[1].read()
-    self.assertEqual(step, 1)
-    self.assertVariables(values, _expected([0, 2]))
+    self.assertModel(replicas[1], 1, _expected([0, 2]))
     self.assertLess(self._close(sessions), 15)
 
 
@@ -631,9 +605,8 @@ class CleanEndTest(SyncTestCase):
     # before the sync thread flagged the last step, the chief starts
     # another, and only the release at the last step ends it.
     self.assertBetween(chief_thread.result, 1, 2)
-    step, values = chief.read()
-    self.assertEqual(step, 2)  # Nothing aggregated past the last step.
-    self.assertVariables(values, _expected([1, 2], [1, 2]))
+    # Nothing aggregated past the last step.
+    self.assertModel(chief, 2, _expected([1, 2], [1, 2]))
 
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = _Cluster(num_ps=1, num_workers=2)
@@ -646,9 +619,7 @@ class CleanEndTest(SyncTestCase):
     self.assertTrue(session.should_stop())
     threads = self.run_in_threads({"close": session.close}, timeout=30)
     self.assertBetween(threads["close"].seconds, 1.5, 10)
-    step, values = chief.read()
-    self.assertEqual(step, 0)
-    self.assertVariables(values, INIT)
+    self.assertModel(chief, 0, INIT)
 
 
 if __name__ == "__main__":
