@@ -1,5 +1,7 @@
 """PerPsAdam: TF's Adam numbers and names, with less traffic between PS tasks."""
 
+import functools
+
 from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
@@ -8,6 +10,7 @@ from ps_trainer import data
 from ps_trainer import optimizers
 from ps_trainer import train_graph
 
+from inprocess_cluster import InProcessCluster
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -19,22 +22,11 @@ def _ps(i):
   return f"/job:ps/task:{i}"
 
 
-class _Cluster:
-  """3 PS and 1 worker served from this process, started once."""
-  target = None
-
-  @classmethod
-  def start(cls):
-    if cls.target is None:
-      ports = testutil.pick_free_ports(NUM_PS + 1)
-      spec = tf.train.ClusterSpec({
-          "ps": [f"localhost:{p}" for p in ports[:NUM_PS]],
-          "worker": [f"localhost:{ports[-1]}"]})
-      cls.servers = [tf.distribute.Server(spec, "ps", i)
-                     for i in range(NUM_PS)]
-      cls.servers.append(tf.distribute.Server(spec, "worker", 0))
-      cls.target = cls.servers[-1].target
-    return cls.target
+@functools.lru_cache(maxsize=None)
+def _target():
+  """Worker 0's target on a cluster of NUM_PS PS and 1 worker, started once:
+  each test builds its variables under a scope of its own."""
+  return InProcessCluster(num_ps=NUM_PS, num_workers=1).targets[0]
 
 
 def _model(optimizer, scope):
@@ -76,7 +68,7 @@ def _recvs_between_ps(session, fetches) -> int:
 class PerPsAdamTest(absltest.TestCase):
 
   def test_the_same_numbers_as_tfs_adam_across_ps(self):
-    target = _Cluster.start()
+    target = _target()
     graph = tf.Graph()
     with graph.as_default():
       ours, our_vars = _model(optimizers.PerPsAdam(0.1), "ours")
@@ -99,7 +91,7 @@ class PerPsAdamTest(absltest.TestCase):
     # each as two tensors (6 in all).
     with tf.Graph().as_default():
       train, _ = _model(optimizers.PerPsAdam(0.1), "shared_reads")
-      with tf.compat.v1.Session(_Cluster.start()) as session:
+      with tf.compat.v1.Session(_target()) as session:
         session.run(tf.compat.v1.global_variables_initializer())
         self.assertEqual(_recvs_between_ps(session, train), 2 * (NUM_PS - 1))
 
@@ -128,7 +120,7 @@ class PerPsAdamTest(absltest.TestCase):
     once and sends back the token that orders their update, and one token
     reaches the global step. TF's own Adam moves 15: the scalars twice for
     each of the 6 variables on other PS."""
-    target = _Cluster.start()
+    target = _target()
     cfg = testutil.planned_config(
         "--model=mlp", "--hidden_units=16,16,16,16,16", "--dataset=synthetic",
         "--optimizer=adam", num_ps=NUM_PS, num_workers=1)

@@ -7,6 +7,8 @@ import tensorflow as tf
 from ps_trainer import data
 from ps_trainer import packing
 from ps_trainer import train_graph
+
+from inprocess_cluster import InProcessCluster
 import testutil
 
 CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -260,22 +262,19 @@ class FactoredTrainingTest(absltest.TestCase):
   def test_a_cluster_trains_the_same_bits_with_and_without_factors(self):
     # The trainer's graph on a real PS and worker (servers in this process):
     # at a batch of 8, both kernels' gradients cross as factors.
-    hosts = [f"127.0.0.1:{p}" for p in testutil.pick_free_ports(2)]
-    spec = tf.train.ClusterSpec({"ps": hosts[:1], "worker": hosts[1:]})
-    target = [tf.distribute.Server(spec, job, 0).target
-              for job in ("ps", "worker")][1]
+    test_cluster = InProcessCluster(num_ps=1, num_workers=1)
     log_dir = testutil.make_tempdir(self)
 
     def train(*argv):
       cfg = testutil.make_config(
           "--model=mlp", "--hidden_units=64", "--dataset=synthetic",
-          "--batch_size=8", "--optimizer=sgd", f"--ps_hosts={hosts[0]}",
-          f"--worker_hosts={hosts[1]}", "--job_name=worker", "--task_index=0",
-          f"--log_dir={log_dir}", *argv)
+          "--batch_size=8", "--optimizer=sgd", *test_cluster.host_flags(),
+          "--job_name=worker", "--task_index=0", f"--log_dir={log_dir}", *argv)
       tg = train_graph.build_graph(cfg, data.load("synthetic"))
       with tg.graph.as_default():
         packs = tf.compat.v1.get_collection(packing.GRADIENT_PACKS)
         init = tf.compat.v1.global_variables_initializer()
+      target = test_cluster.targets[0]
       with tf.compat.v1.Session(target, graph=tg.graph) as session:
         session.run(init)  # Resets the PS's variables from the same seed.
         if tg.train_input.initializer is not None:

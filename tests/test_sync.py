@@ -1,12 +1,10 @@
 """Synchronous and asynchronous updates on an in-process cluster.
 
-Real gRPC servers run inside the test process (tf.test.create_local_cluster
-needs the missing `portpicker`, so `_Cluster` starts them through
-server.start_server on ports from testutil.pick_free_ports). Each test gets a
-fresh cluster: TF servers cannot be stopped, and the PS-side state (variables,
-gradient accumulators, the sync token queue, the done queues) is shared by
-name across sessions, so a reused cluster would carry one test's tokens into
-the next.
+Real gRPC servers run inside the test process (InProcessCluster). Each test
+gets a fresh cluster: TF servers cannot be stopped, and the PS-side state
+(variables, gradient accumulators, the sync token queues, the done flags) is
+shared by name across sessions, so a reused cluster would carry one test's
+tokens into the next.
 
 Like TensorFlow's sync_replicas_optimizer_test.py, every replica applies a
 known constant gradient, so the expected variables have a closed form.
@@ -29,6 +27,7 @@ from ps_trainer import placement
 from ps_trainer import server as server_lib
 from ps_trainer import sync
 from ps_trainer import waits
+from inprocess_cluster import InProcessCluster
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -36,7 +35,6 @@ tf.compat.v1.disable_eager_execution()
 LEARNING_RATE = 0.25
 STEP_TIMEOUT_SECS = 20      # one training step, normally milliseconds
 THREAD_TIMEOUT_SECS = 60    # a whole replica's run, normally a second or two
-_SERVERS = []  # Servers live until the process exits; keep them referenced.
 
 INIT = {"var0": np.array([1.0, 2.0], np.float32),
         "var1": np.array([10.0, -3.0, 0.5], np.float32)}
@@ -62,35 +60,6 @@ def _expected(*step_replicas, average=True):
 
 def _options(secs=STEP_TIMEOUT_SECS):
   return tf.compat.v1.RunOptions(timeout_in_ms=int(secs * 1000))
-
-
-class _Cluster:
-  """num_ps PS tasks and num_workers workers, each a server in this process."""
-
-  def __init__(self, num_ps, num_workers):
-    for attempt in range(3):
-      hosts = [f"127.0.0.1:{p}"
-               for p in testutil.pick_free_ports(num_ps + num_workers)]
-      self.ps_hosts = ",".join(hosts[:num_ps])
-      self.worker_hosts = ",".join(hosts[num_ps:])
-      try:
-        servers = [server_lib.start_server(self.info("ps", i))
-                   for i in range(num_ps)]
-        servers += [server_lib.start_server(self.info("worker", i))
-                    for i in range(num_workers)]
-      except server_lib.ServerError:  # A port taken since we picked it.
-        if attempt == 2:
-          raise
-        continue
-      _SERVERS.extend(servers)
-      self.targets = [s.target for s in servers[num_ps:]]
-      for i in range(num_ps):  # What each PS task's run_ps does first.
-        server_lib.init_done_flags(servers[i].target, self.info("ps", i))
-      return
-
-  def info(self, job_name, task_index):
-    return cluster.from_flags(self.ps_hosts, self.worker_hosts, job_name,
-                              task_index)
 
 
 class _Replica:
@@ -302,7 +271,7 @@ class SyncTestCase(tf.test.TestCase):
 class AsyncTest(SyncTestCase):
 
   def test_each_gradient_is_applied_on_its_own(self):
-    test_cluster = _Cluster(num_ps=2, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=2, num_workers=2)
     chief, worker = (_Replica(test_cluster, i) for i in range(2))
     # Both PS tasks hold something: the placement is part of the setting.
     devices = {v.device for v in chief.variables.values()}
@@ -334,7 +303,7 @@ class SyncTest(SyncTestCase):
     return time.monotonic() - start
 
   def test_two_workers_average_into_one_step(self):
-    test_cluster = _Cluster(num_ps=2, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=2, num_workers=2)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(2)]
     sessions = self._sessions(replicas)
@@ -351,7 +320,7 @@ class SyncTest(SyncTestCase):
     self.assertLess(self._close(sessions), 15)
 
   def test_a_lone_gradient_does_not_make_a_step(self):
-    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(2)]
     sessions = self._sessions(replicas)
@@ -366,7 +335,7 @@ class SyncTest(SyncTestCase):
     token to whoever took next. With TF1's one shared queue the chief took
     it, sent a second gradient for the same step, and its two made a step;
     each such step left it a spare token again, so it trained alone."""
-    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
                      for i in range(2))
     sessions = self._sessions([chief, worker])
@@ -402,7 +371,7 @@ class SyncTest(SyncTestCase):
     """A chief that resumes a run hands every other worker a token (they may
     be blocked in a step whose gradient it will never aggregate); a token
     of its own would let its first gradient count twice, alone."""
-    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
                      for i in range(2))
     sessions = self._sessions([chief, worker])
@@ -429,7 +398,7 @@ class SyncTest(SyncTestCase):
     blocked in a step; one that was not (it had just started) finds the
     token at the end of its first step. Its step returns, but its next
     gradient must not count in the same global step as its first."""
-    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
                      for i in range(2))
     sessions = self._sessions([chief, worker])
@@ -447,7 +416,7 @@ class SyncTest(SyncTestCase):
     self.assertLess(self._close(sessions), 15)
 
   def test_a_straggler_skips_to_the_newest_token(self):
-    test_cluster = _Cluster(num_ps=1, num_workers=3)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=3)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(3)]
     sessions = self._sessions(replicas)
@@ -464,7 +433,7 @@ class SyncTest(SyncTestCase):
     self.assertLess(self._close(sessions), 15)
 
   def test_backup_worker_gradient_is_dropped(self):
-    test_cluster = _Cluster(num_ps=2, num_workers=3)
+    test_cluster = InProcessCluster(num_ps=2, num_workers=3)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(3)]
     # All three sessions start at step 0, so worker 2's local step is 0.
@@ -484,7 +453,7 @@ class SyncTest(SyncTestCase):
     self.assertLess(self._close(sessions), 15)
 
   def test_any_two_of_three_make_a_step(self):
-    test_cluster = _Cluster(num_ps=1, num_workers=3)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=3)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=2)
                 for i in range(3)]
     sessions = self._sessions(replicas)
@@ -512,7 +481,7 @@ class CleanEndTest(SyncTestCase):
     chief stops: its gradient can never be aggregated, so only the chief's
     release tokens let it return.
     """
-    test_cluster = _Cluster(num_ps=2, num_workers=num_workers)
+    test_cluster = InProcessCluster(num_ps=2, num_workers=num_workers)
     replicas = [_Replica(test_cluster, i, sync_to_aggregate=num_workers)
                 for i in range(num_workers)]
     for r in replicas:
@@ -579,7 +548,7 @@ class CleanEndTest(SyncTestCase):
     step 0 and waits while workers 1 and 2 make both steps; its queue then
     holds the tokens of steps 1 and 2, and nothing but the sync thread's
     release at the last step would let a second chief step return."""
-    test_cluster = _Cluster(num_ps=1, num_workers=3)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=3)
     chief = _Replica(test_cluster, 0, sync_to_aggregate=2, gated=True)
     workers = [_Replica(test_cluster, i, sync_to_aggregate=2)
                for i in (1, 2)]
@@ -609,7 +578,7 @@ class CleanEndTest(SyncTestCase):
     self.assertModel(chief, 2, _expected([1, 2], [1, 2]))
 
   def test_chief_gives_up_on_a_silent_worker(self):
-    test_cluster = _Cluster(num_ps=1, num_workers=2)
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     chief = _Replica(test_cluster, 0, sync_to_aggregate=2)
     # Nothing to train (last step 0): the chief goes straight to the end and
     # waits for worker 1's done token, which never comes.

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 from ps_trainer import checkpoints
 from ps_trainer import data
-from ps_trainer import server as server_lib
 from ps_trainer import trainer
 
+from inprocess_cluster import InProcessCluster
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -139,25 +139,17 @@ class ChiefRestartTest(absltest.TestCase):
     # A fresh cluster per test: servers cannot be stopped, and a PS that
     # already holds a model would change what the test sees.
     super().setUp()
-    ps_port, worker_port = testutil.pick_free_ports(2)
-    self.hosts = (f"--ps_hosts=127.0.0.1:{ps_port}",
-                  f"--worker_hosts=127.0.0.1:{worker_port}")
-    cfg = testutil.make_config(*self.hosts, "--job_name=ps", "--task_index=0")
-    self.ps_server = server_lib.start_server(cfg.cluster)
-    server_lib.init_done_flags(self.ps_server.target, cfg.cluster)
-    cfg = testutil.make_config(*self.hosts, "--job_name=worker",
-                               "--task_index=0", "--log_dir=/unused")
-    self.worker_server = server_lib.start_server(cfg.cluster)
+    self.cluster = InProcessCluster(num_ps=1, num_workers=1)
 
   def train(self, log_dir, steps):
     cfg = testutil.make_config(
-        *self.hosts, "--job_name=worker", "--task_index=0",
+        *self.cluster.host_flags(), "--job_name=worker", "--task_index=0",
         f"--log_dir={log_dir}", f"--train_steps={steps}",
         "--log_every_steps=1000")
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
       result = trainer.train(cfg, data.load("digits"),
-                             self.worker_server.target)
+                             self.cluster.targets[0])
     return result, output.getvalue()
 
   def test_keeps_the_model_the_ps_holds_over_an_older_checkpoint(self):
