@@ -29,6 +29,14 @@ resumes a run, for replicas blocked in a step, or at the end), or one given
 in the instant a replica joined. It still ends the replica's step, but its
 next gradient carries a local step of -1, which every accumulator drops, and
 the replica then waits for a token as usual: it never counts twice.
+
+A replica takes all its tokens every step, so its queue holds one or two;
+only a replica that is gone (a dead backup worker the run goes on without)
+lets them pile up, one per global step, on the PS for as long as the run
+lasts. So a queue holding MAX_WAITING_TOKENS gets no more: a replica that
+comes back empties its queue before it starts (_start_step), and one that
+was merely that many steps behind takes a stale token, so its next gradient
+is dropped and the one after is fresh again.
 """
 
 from typing import List
@@ -40,6 +48,10 @@ from ps_trainer import waits
 
 # A local step below every global step: a gradient tagged with it is stale.
 _DROPPED = -1
+
+# Tokens a replica's queue may hold (see the module docstring): a bound on
+# what a replica gone for good costs its PS, far above what a live one keeps.
+MAX_WAITING_TOKENS = 100
 
 
 class SyncOptimizer(tf.compat.v1.train.Optimizer):
@@ -64,7 +76,8 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
 
   def __init__(self, optimizer: tf.compat.v1.train.Optimizer,
                replicas_to_aggregate: int, num_workers: int,
-               replica_index: int, name: str = "sync_replicas"):
+               replica_index: int, name: str = "sync_replicas",
+               max_waiting_tokens: int = MAX_WAITING_TOKENS):
     super().__init__(use_locking=False, name=name)
     if not 0 <= replica_index < num_workers:
       raise ValueError(f"replica_index {replica_index} is not one of the "
@@ -73,6 +86,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
     self._replicas_to_aggregate = replicas_to_aggregate
     self._num_workers = num_workers
     self._replica_index = replica_index
+    self._max_waiting_tokens = max_waiting_tokens
     self.local_step_init_op = None
     self.chief_init_op = None
     self.ready_for_local_init_op = None
@@ -123,12 +137,13 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
                                    shapes=(), name=f"sync_token_q_{i}",
                                    shared_name=f"sync_token_q_{i}")
                 for i in range(self._num_workers)]
+      give = lambda queues: _give_each_a_token(queues, global_step,
+                                               self._max_waiting_tokens)
       with tf.control_dependencies([update]):
-        self.sync_op = _give_each_a_token(queues, global_step)
-      self.release_op = _give_each_a_token(queues, global_step)
+        self.sync_op = give(queues)
+      self.release_op = give(queues)
       own_queue = queues[self._replica_index]
-      self.release_others_op = _give_each_a_token(
-          [q for q in queues if q is not own_queue], global_step)
+      self.release_others_op = give([q for q in queues if q is not own_queue])
       with tf.control_dependencies(sends):
         token = _newest_token(own_queue)
       start = _start_step(own_queue, global_step)
@@ -169,9 +184,19 @@ def _accumulate(grad, var, local_step, replicas_to_aggregate: int):
           accumulator.take_grad(replicas_to_aggregate), accumulator)
 
 
-def _give_each_a_token(queues, global_step) -> tf.Operation:
+def _give_each_a_token(queues, global_step, limit: int) -> tf.Operation:
+  """The current global step into every queue holding fewer than `limit`.
+
+  Never a blocking enqueue: the queues are unbounded, and a full one gets
+  none (a batch of zero tokens). The bound is loose by a token or two, when
+  the chief's sync thread and its end-of-run release give at once.
+  """
   token = global_step.read_value()
-  return tf.group(*[q.enqueue(token) for q in queues])
+  gives = []
+  for queue in queues:
+    count = tf.cast(queue.size() < limit, tf.int32)
+    gives.append(queue.enqueue_many(tf.fill(tf.expand_dims(count, 0), token)))
+  return tf.group(*gives)
 
 
 def _newest_token(queue) -> tf.Tensor:

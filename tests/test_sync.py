@@ -26,6 +26,7 @@ from ps_trainer import hooks as hooks_lib
 from ps_trainer import placement
 from ps_trainer import server as server_lib
 from ps_trainer import sync
+from ps_trainer import sync_replicas
 from ps_trainer import waits
 from inprocess_cluster import InProcessCluster
 import testutil
@@ -66,10 +67,11 @@ class _Replica:
   """One worker's graph (two PS variables, constant gradients) and session."""
 
   def __init__(self, test_cluster, index, sync_to_aggregate=None,
-               gated=False):
+               gated=False, max_waiting_tokens=None):
     """`gated`: each step reads the global step for the hooks first, then
     waits for the test (open_gate) before its gradients go out, so one step
-    can span several global steps, as a slow chief's does."""
+    can span several global steps, as a slow chief's does.
+    `max_waiting_tokens`: the sync optimizer's bound, if not its default."""
     self.info = test_cluster.info("worker", index)
     self.target = test_cluster.targets[index]
     self.config = server_lib.session_config(self.info)
@@ -83,9 +85,10 @@ class _Replica:
         optimizer = tf.compat.v1.train.GradientDescentOptimizer(LEARNING_RATE)
         self.sync_optimizer = None
         if sync_to_aggregate:
-          optimizer = self.sync_optimizer = sync.wrap_sync(
+          optimizer = self.sync_optimizer = sync_replicas.SyncOptimizer(
               optimizer, sync_to_aggregate, self.info.num_workers,
-              self.info.replica_index)
+              self.info.replica_index, max_waiting_tokens=(
+                  max_waiting_tokens or sync_replicas.MAX_WAITING_TOKENS))
         grads = {k: tf.constant(g)
                  for k, g in _grads(self.info.replica_index).items()}
         if gated:
@@ -328,6 +331,34 @@ class SyncTest(SyncTestCase):
       replicas[0].session.run(replicas[0].train_op, options=_options(1.0))
     self.assertModel(replicas[1], 0, INIT)
     self.assertLess(self._close(sessions), 15)
+
+  def test_a_gone_replicas_tokens_stop_piling_up(self):
+    # Worker 1 never comes while the chief trains alone (one gradient per
+    # step): each step gives it a token, but its queue on the PS keeps 3.
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
+    replicas = [_Replica(test_cluster, i, sync_to_aggregate=1,
+                         max_waiting_tokens=3) for i in range(2)]
+    sessions = self._sessions(replicas[:1])
+    for _ in range(6):
+      self._step(replicas[:1])
+    self.assertEqual(self._tokens_waiting(replicas[0]), [0, 3])
+    # It comes back: it empties its queue, starts at step 6 and counts once.
+    sessions += self._sessions(replicas[1:])
+    self._step(replicas[1:])
+    self.assertModel(replicas[0], 7, _expected(*[[0]] * 6, [1]))
+    self.assertEqual(self._tokens_waiting(replicas[0]), [1, 0])
+    self.assertLess(self._close(sessions), 15)
+
+  def _tokens_waiting(self, replica):
+    """The size of each replica's token queue on the PS."""
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.device(replica.global_step.device):
+      sizes = [tf.queue.FIFOQueue(-1, tf.int64, shapes=(),
+                                  shared_name=f"sync_token_q_{i}").size()
+               for i in range(replica.info.num_workers)]
+    with tf.compat.v1.Session(replica.target, graph=graph,
+                              config=replica.config) as session:
+      return [int(n) for n in session.run(sizes, options=_options())]
 
   def test_a_lost_workers_token_does_not_let_the_chief_train_alone(self):
     """CI, kill -9 of worker 1 in a sync run (tests/test_faults.py): killed
