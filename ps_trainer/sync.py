@@ -8,17 +8,24 @@ plain TF1 (NOTES.md, failure mode 1):
     token forever;
   * the chief's sync thread sits in the accumulators' take_grad for a step that
     never comes, and MonitoredSession.close() waits out a 120 s grace period.
-And one more, with backup workers: a replica whose step began two global
-steps before the last one gets a token of the last one, yet TF's
-StopAtStepHook (global step read at the start + 1) lets it start another
-step. That step's gradient waits for a partner that has gone home. Seen in
-CI: 1 PS + 3 workers, 2 per step; the chief waited out --wait_timeout_secs.
-`SyncReplicasHook` replaces the optimizer's own hook to fix all three: the
+With backup workers, one more: a replica whose step began two global steps
+before the last one gets a token of the last one, yet TF's StopAtStepHook
+(global step read at the start + 1) lets it start another step. That step's
+gradient waits for a partner that has gone home. Seen in CI: 1 PS + 3
+workers, 2 per step; the chief waited out --wait_timeout_secs. And a stop
+(SIGTERM, Ctrl-C) has one of its own: each task stops after its current
+step, but the signal reaches the tasks one by one, so a worker can end after
+step k while the chief has begun step k+1, which needs that worker's
+gradient; the chief waited out its grace period (20 s) and ended with a
+last-resort checkpoint (reproduced; likely the CI stop that took 30.5 s).
+`SyncReplicasHook` replaces the optimizer's own hook to fix all four: the
 sync thread counts the steps it applies and, at the last one, hands every
 replica a token and ends (no step past --train_steps is aggregated, and the
-chief stops right after its current step); at the end the chief hands out
-tokens until every worker has said it is done; and the sync thread runs in a
-session of its own that the chief closes, cancelling the blocked take_grad.
+chief stops right after its current step); a stopping chief whose step is
+still blocked a second later hands every replica a token; at the end the
+chief hands out tokens until every worker has said it is done; and the sync
+thread runs in a session of its own that the chief closes, cancelling the
+blocked take_grad.
 """
 
 import math
@@ -62,7 +69,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       done; None when there are no other replicas.
     drain_timeout_secs: bound on the chief's wait for the other replicas.
     stop: the task's StopRequest: a stopping chief waits for the others
-      only `stopping_drain_secs`, a bounded part of its grace period.
+      only `stopping_drain_secs`, a bounded part of its grace period, and a
+      step of its own only `stopping_step_secs`.
     others_gone: () -> True when none of the other replicas answers (they
       crashed: they will never say done); None when their addresses are
       unknown.
@@ -80,6 +88,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
                workers_done: Optional[Callable] = None,
                drain_timeout_secs: float = 120.0, stop=None,
                stopping_drain_secs: float = 8.0,
+               stopping_step_secs: float = 1.0,
                others_gone: Optional[Callable[[], bool]] = None,
                restarted: Optional[Callable[[], bool]] = None,
                last_step: Optional[int] = None):
@@ -91,6 +100,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._drain_timeout_secs = drain_timeout_secs
     self._stop = stop
     self._stopping_drain_secs = stopping_drain_secs
+    self._stopping_step_secs = stopping_step_secs
     self._others_gone = others_gone
     self._restarted = restarted
     self._last_step = last_step
@@ -98,6 +108,9 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._sync_session = None
     self._stopping = threading.Event()
     self._last_step_applied = threading.Event()
+    self._step_started = None  # When the chief's step in flight began.
+    self._ended = threading.Event()
+    self._stop_watch = None
 
   def begin(self):
     if self._is_chief:
@@ -127,6 +140,12 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       if self._restarted is not None and self._restarted():
         session.run(self._release_others_op)
       self._start_sync_thread(session, coord)
+      if (self._stop_watch is None and self._stop is not None
+          and self._session_factory is not None and self._num_workers > 1):
+        self._stop_watch = threading.Thread(
+            target=self._end_own_step_when_stopping,
+            name="ps_trainer_sync_stop", daemon=True)
+        self._stop_watch.start()
 
   def _start_sync_thread(self, session, coord):
     self._stopping.clear()
@@ -156,7 +175,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
           coord.request_stop(e)
         except Exception:  # pylint: disable=broad-except
           pass  # Already joined: the session is being recovered anyway.
-        self._release_after_failure(session)
+        self._release_all(session)
 
   def _end_at_last_step(self, session):
     """The last step is applied: a token for every replica's current step.
@@ -171,20 +190,54 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._last_step_applied.set()
     session.run(self._release_op)
 
+  def before_run(self, run_context):
+    self._step_started = time.monotonic()
+
   def after_run(self, run_context, run_values):
+    self._step_started = None
     if self._last_step_applied.is_set():
       run_context.request_stop()
 
-  def _release_after_failure(self, session):
-    """Hands every replica a token after the sync thread failed (a PS died).
+  def _end_own_step_when_stopping(self):
+    """A stopping chief's step must not wait for workers that stopped first.
 
-    The chief's own step, and the other workers', may be blocked on the
-    token queue of a PS that is still up: nothing would ever end them, and
-    the chief would not see the coordinator's stop request that starts its
-    recovery (CI run: 2 PS, ps 1 killed while both workers waited for
-    tokens; both gave up after --wait_timeout_secs). With a token each, the
-    steps return, the chief recovers, and the workers' next steps meet the
-    lost PS and recover too.
+    Once a stop is requested, the chief's step in flight gets
+    `stopping_step_secs` to end as usual (a sync step takes milliseconds);
+    if it is still blocked, every replica gets a token, as at the end of a
+    run. The step returns, its gradient is never aggregated, and the chief
+    goes on to its final checkpoint. Reading the in-flight time from another
+    thread is racy by a step at most, and a token too many during a stop is
+    harmless: every replica gets them at the end anyway.
+    """
+    stop_seen = None
+    while not self._ended.wait(0.2):
+      if not self._stop.requested:
+        continue
+      stop_seen = stop_seen or time.monotonic()
+      if (self._step_started is None
+          or time.monotonic() - stop_seen < self._stopping_step_secs):
+        continue
+      print(f"{self._stop.who}: stopping, but this step still waits for "
+            "other workers' gradients; ending it without them", flush=True)
+      session = self._session_factory()
+      try:
+        self._release_all(session)
+      finally:
+        session.close()
+      return
+
+  def _release_all(self, session):
+    """Hands every replica a token, bounded; for the two threads that need
+    to end steps nobody else will.
+
+    After the sync thread failed (a PS died): the chief's own step, and the
+    other workers', may be blocked on the token queue of a PS that is still
+    up: nothing would ever end them, and the chief would not see the
+    coordinator's stop request that starts its recovery (CI run: 2 PS, ps 1
+    killed while both workers waited for tokens; both gave up after
+    --wait_timeout_secs). With a token each, the steps return, the chief
+    recovers, and the workers' next steps meet the lost PS and recover too.
+    And for a stopping chief (_end_own_step_when_stopping).
     """
     try:
       session.run(self._release_op, options=tf.compat.v1.RunOptions(
@@ -193,6 +246,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       pass  # The PS holding the queue is gone: the blocked steps fail anyway.
 
   def end(self, session):
+    self._ended.set()
     if self._is_chief:
       self._release_workers(session)
       self._stop_sync_thread()

@@ -23,9 +23,10 @@ down; in async mode the surviving worker trains on, so --train_steps leaves it e
 be training when the victim is back. After a chief kill in async mode worker 1 may finish the whole
 job alone; the restarted chief must still exit 0 and write result.json.
 
-Two more: sync with 2 PS, one of them killed and restarted (the survivor's accumulators stand ahead
+And more: sync with 2 PS, one of them killed and restarted (the survivor's accumulators stand ahead
 of the restored checkpoint); and a sync worker lost for good (the chief names it; SIGTERM to the
-stuck chief still ends it with a last checkpoint).
+blocked chief ends its step and the run with a final checkpoint within seconds, and a chief left
+alone gives up after --wait_timeout_secs with a last checkpoint).
 
 Every wait is bounded; a failure names each task's status (the killed run's too), a timeline of the
 run and the tail of each log.
@@ -377,53 +378,82 @@ class TwoPsSyncTest(absltest.TestCase):
 
 
 class LostSyncWorkerTest(absltest.TestCase):
-  """A sync worker that dies for good: the chief names it, and a stop still checkpoints."""
+  """A sync worker that dies for good: the chief names it, and still ends with a checkpoint,
+  at once on SIGTERM, or after --wait_timeout_secs by itself."""
 
-  def test_chief_names_the_lost_worker_and_a_stuck_stop_writes_a_last_checkpoint(self):
+  def lose_worker_1(self, wait_timeout_secs: int) -> Tuple[FaultyCluster, str, int]:
+    """Kills worker 1 once training runs; returns (cluster, log_dir, the chief's last step)
+    when the chief's blocked step has named worker 1 as what it waits for."""
     log_dir = testutil.make_tempdir(self)
     cluster = FaultyCluster(self, log_dir, [
         "--train_steps=1000000", "--log_every_steps=50", "--save_checkpoints_secs=3600",
-        "--sync_replicas", f"--wait_timeout_secs={WAIT_TIMEOUT_SECS}"])
+        "--sync_replicas", f"--wait_timeout_secs={wait_timeout_secs}"])
     cluster.wait_until(lambda: (cluster.last_step(CHIEF) or 0) >= 100,
                        "chief progress line at global step 100 or later", START_TIMEOUT_SECS)
     cluster.kill("worker-1")  # Not restarted: without a backup no step can complete.
     last_step = cluster.last_step(CHIEF)
-
-    def wait_for(what, ready, timeout):
-      deadline = time.monotonic() + timeout
-      while not ready():
-        cluster.poll()
-        if time.monotonic() >= deadline:
-          cluster.fail(f"no {what} within {timeout:.0f} s")
-        time.sleep(watch.POLL_SECS)
-
     worker_hosts, = [a for a in cluster.common if a.startswith("--worker_hosts=")]
     address = worker_hosts.partition("=")[2].split(",")[1]
     named = re.compile(
         r"^chief: this step has waited \d+ s for the gradients of the other workers; not "
-        rf"answering: worker 1 at {re.escape(address)}; giving up after {WAIT_TIMEOUT_SECS} s$",
+        rf"answering: worker 1 at {re.escape(address)}; giving up after {wait_timeout_secs} s$",
         re.MULTILINE)
-    wait_for("note naming worker 1", lambda: named.search(cluster.text_after_kill(CHIEF)), 60)
+    self.wait_for(cluster, "note naming worker 1",
+                  lambda: named.search(cluster.text_after_kill(CHIEF)), 60)
+    return cluster, log_dir, last_step
 
+  def wait_for(self, cluster, what, ready, timeout):
+    deadline = time.monotonic() + timeout
+    while not ready():
+      cluster.poll()
+      if time.monotonic() >= deadline:
+        cluster.fail(f"no {what} within {timeout:.0f} s")
+      time.sleep(watch.POLL_SECS)
+
+  def stop_the_ps(self, cluster):
+    ps = cluster.procs["ps-0"]
+    os.kill(ps.pid, signal.SIGTERM)  # No worker answers any more: it stops at once.
+    self.wait_for(cluster, "PS exit after SIGTERM", lambda: ps.returncode is not None, 30)
+    self.assertEqual(ps.returncode, 143, cluster.report("PS status"))
+    self.assertIn("ps 0: stopped on SIGTERM with 1 of 2 worker(s) done", ps.read_log())
+    testutil.assert_no_leftover(marker=cluster.log_dir)
+
+  def test_sigterm_to_the_blocked_chief_ends_its_step_and_writes_a_final_checkpoint(self):
+    cluster, log_dir, last_step = self.lose_worker_1(WAIT_TIMEOUT_SECS)
     chief = cluster.procs[CHIEF]
     os.kill(chief.pid, signal.SIGTERM)  # The chief is blocked inside its step.
-    wait_for("chief exit after SIGTERM", lambda: chief.returncode is not None, 60)
+    signalled = time.monotonic()
+    self.wait_for(cluster, "chief exit after SIGTERM", lambda: chief.returncode is not None, 60)
+    # A second for the step, a few for the checkpoint and for worker 1's silence; not the 20 s
+    # grace period of a stop that never comes.
+    self.assertLess(time.monotonic() - signalled, 15, cluster.report("slow stop"))
     self.assertEqual(chief.returncode, 143, cluster.report("chief status"))
     after = cluster.text_after_kill(CHIEF)
-    self.assertIn("chief: still not stopped 20 s after SIGTERM (blocked waiting for another "
-                  "task); exiting now with status 143", after, cluster.report("no forced exit"))
+    self.assertIn("chief: stopping, but this step still waits for other workers' gradients; "
+                  "ending it without them", after, cluster.report("step not ended"))
+    final = re.search(r"chief: stopped on SIGTERM; final checkpoint (\S+);", after)
+    self.assertIsNotNone(final, cluster.report("no final checkpoint"))
+    self.assertEqual(newest_checkpoint_step(log_dir),
+                     int(CHECKPOINT_STEP.search(final.group(1)).group(1)))
+    self.assertGreaterEqual(newest_checkpoint_step(log_dir), last_step)
+    self.stop_the_ps(cluster)
+
+  def test_a_chief_that_gives_up_on_its_step_writes_a_last_checkpoint(self):
+    cluster, log_dir, last_step = self.lose_worker_1(wait_timeout_secs=15)
+    chief = cluster.procs[CHIEF]
+    self.wait_for(cluster, "chief exit after --wait_timeout_secs",
+                  lambda: chief.returncode is not None, 60)
+    self.assertEqual(chief.returncode, 1, cluster.report("chief status"))
+    after = cluster.text_after_kill(CHIEF)
+    self.assertRegex(after, r"chief: gave up after a step waited 1\d s for the gradients of the "
+                     r"other workers.*\(--wait_timeout_secs=15\).*; exiting now with status 1",
+                     cluster.report("no forced exit"))
     written = re.search(r"chief: wrote a last checkpoint (\S+)", after)
     self.assertIsNotNone(written, cluster.report("no last checkpoint"))
     self.assertEqual(newest_checkpoint_step(log_dir),
                      int(CHECKPOINT_STEP.search(written.group(1)).group(1)))
     self.assertGreaterEqual(newest_checkpoint_step(log_dir), last_step)
-
-    ps = cluster.procs["ps-0"]
-    os.kill(ps.pid, signal.SIGTERM)  # No worker answers any more: it stops at once.
-    wait_for("PS exit after SIGTERM", lambda: ps.returncode is not None, 30)
-    self.assertEqual(ps.returncode, 143, cluster.report("PS status"))
-    self.assertIn("ps 0: stopped on SIGTERM with 1 of 2 worker(s) done", ps.read_log())
-    testutil.assert_no_leftover(marker=log_dir)
+    self.stop_the_ps(cluster)
 
 
 if __name__ == "__main__":

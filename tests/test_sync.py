@@ -117,7 +117,7 @@ class _Replica:
                                 config=self.config)
 
   def sync_hook(self, done_count=False, drain_timeout_secs=30.0,
-                last_step=None, restarted=False):
+                last_step=None, restarted=False, stop=None):
     """SyncReplicasHook wired as trainer._sync_hook wires it."""
     workers_done = None
     if done_count:
@@ -127,7 +127,7 @@ class _Replica:
         self.sync_optimizer, self.info.is_chief, self.info.num_workers,
         session_factory=self.new_session, workers_done=workers_done,
         drain_timeout_secs=drain_timeout_secs, last_step=last_step,
-        restarted=lambda: restarted)
+        restarted=lambda: restarted, stop=stop)
 
   def monitored_session(self, hooks):
     with self.graph.as_default():
@@ -194,6 +194,7 @@ class _Stop:
   """Stands in for stops.StopRequest (whose real one arms a forced exit)."""
 
   def __init__(self, requested=False, grace_secs=20.0):
+    self.who = "chief"
     self.requested = requested
     self.grace_secs = grace_secs
     self.signal_name = "SIGTERM"
@@ -607,6 +608,35 @@ class CleanEndTest(SyncTestCase):
     self.assertBetween(chief_thread.result, 1, 2)
     # Nothing aggregated past the last step.
     self.assertModel(chief, 2, _expected([1, 2], [1, 2]))
+
+  def test_a_stopping_chief_does_not_wait_for_a_worker_that_stopped_first(self):
+    """A signal reaches the tasks one by one: worker 1 stopped after step 1,
+    while the chief, stopped a moment later, had begun step 2, which needs
+    worker 1's gradient. It waited out its 20 s grace period and ended with
+    a last-resort checkpoint; now it hands out tokens a second into the stop,
+    and its step returns without making a global step."""
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
+    chief, worker = (_Replica(test_cluster, i, sync_to_aggregate=2)
+                     for i in range(2))
+    stop = _Stop()
+    chief.monitored_session([hooks_lib.StopOnRequestHook(stop),
+                             chief.sync_hook(done_count=True, stop=stop)])
+    worker.monitored_session([worker.sync_hook()])
+    self._step([chief, worker])
+    self._leave(worker)
+    chief_thread = _Thread("chief", lambda: self._train_to_end(chief))
+    chief_thread.start()
+    time.sleep(1.0)
+    self.assertTrue(chief_thread.is_alive(), "the chief's step 2 never blocked")
+    stop.requested = True
+    stopped_at = time.monotonic()
+    chief_thread.join(THREAD_TIMEOUT_SECS)
+    self.assertFalse(chief_thread.is_alive(), "the chief still runs")
+    self.assertIsNone(chief_thread.error, chief_thread.error)
+    # Well inside the STEP_TIMEOUT_SECS a step of _train_to_end may take.
+    self.assertLess(time.monotonic() - stopped_at, 10)
+    self.assertEqual(chief_thread.result[0], 1)  # The released step 2.
+    self.assertModel(chief, 1, _expected([0, 1]))
 
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = InProcessCluster(num_ps=1, num_workers=2)
