@@ -22,7 +22,7 @@ last-resort checkpoint (reproduced; likely the CI stop that took 30.5 s).
 sync thread counts the steps it applies and, at the last one, hands every
 replica a token and ends (no step past --train_steps is aggregated, and the
 chief stops right after its current step); a stopping chief whose step is
-still blocked a second later hands every replica a token; at the end the
+still blocked a second later hands itself a token; at the end the
 chief hands out tokens until every worker has said it is done; and the sync
 thread runs in a session of its own that the chief closes, cancelling the
 blocked take_grad.
@@ -119,6 +119,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # last step, whatever step it was on.
       self._release_op = self._opt.release_op
       self._release_others_op = self._opt.release_others_op
+      self._release_own_op = self._opt.release_own_op
       self._sync_op = self._opt.sync_op
       self._global_step = tf.compat.v1.train.get_global_step()
     else:
@@ -130,6 +131,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
                      "the chief to initialize the model", timeout_secs=300,
                      stop=self._stop)
     session.run(self._local_init_op)
+    self._step_started = None  # A step of a session that failed is over.
     if self._is_chief:
       self._stop_sync_thread()  # A recreated session (recovery) restarts it.
       # A resumed run: the other workers may be blocked in a step, and a
@@ -175,7 +177,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
           coord.request_stop(e)
         except Exception:  # pylint: disable=broad-except
           pass  # Already joined: the session is being recovered anyway.
-        self._release_all(session)
+        _give_tokens(session, self._release_op)
 
   def _end_at_last_step(self, session):
     """The last step is applied: a token for every replica's current step.
@@ -202,51 +204,51 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     """A stopping chief's step must not wait for workers that stopped first.
 
     Once a stop is requested, the chief's step in flight gets
-    `stopping_step_secs` to end as usual (a sync step takes milliseconds);
-    if it is still blocked, every replica gets a token, as at the end of a
-    run. The step returns, its gradient is never aggregated, and the chief
-    goes on to its final checkpoint. Reading the in-flight time from another
-    thread is racy by a step at most, and a token too many during a stop is
-    harmless: every replica gets them at the end anyway.
+    `stopping_step_secs` to end as usual; if it is still blocked, the chief
+    hands itself a token, and the step returns. Only itself: a token to a
+    worker still in its step would end that step early and drop its next
+    gradient. The chief's gradient stays in the accumulators, where a
+    backup's may still complete a step with it. Reading the in-flight time
+    from another thread is racy by a step at most, and a spare token during
+    a stop is harmless: the replica stops after that step anyway.
+
+    Runs until the hook ends. MonitoredSession skips end() when the session
+    closes on an error, and this daemon thread then polls (five times a
+    second, nothing else) until the process exits, as it soon does.
     """
     stop_seen = None
+    told = False
     while not self._ended.wait(0.2):
       if not self._stop.requested:
         continue
       stop_seen = stop_seen or time.monotonic()
-      if (self._step_started is None
-          or time.monotonic() - stop_seen < self._stopping_step_secs):
+      blocked_since = self._step_started
+      if (blocked_since is None or time.monotonic() - max(
+          stop_seen, blocked_since) < self._stopping_step_secs):
         continue
-      print(f"{self._stop.who}: stopping, but this step still waits for "
-            "other workers' gradients; ending it without them", flush=True)
-      session = self._session_factory()
-      try:
-        self._release_all(session)
-      finally:
-        session.close()
-      return
+      if not told:
+        print(f"{self._stop.who}: stopping, but this step still waits for "
+              "other workers' gradients; ending it without them", flush=True)
+        told = True
+      if self._release_in_own_session(self._release_own_op):
+        return
 
-  def _release_all(self, session):
-    """Hands every replica a token, bounded; for the two threads that need
-    to end steps nobody else will.
-
-    After the sync thread failed (a PS died): the chief's own step, and the
-    other workers', may be blocked on the token queue of a PS that is still
-    up: nothing would ever end them, and the chief would not see the
-    coordinator's stop request that starts its recovery (CI run: 2 PS, ps 1
-    killed while both workers waited for tokens; both gave up after
-    --wait_timeout_secs). With a token each, the steps return, the chief
-    recovers, and the workers' next steps meet the lost PS and recover too.
-    And for a stopping chief (_end_own_step_when_stopping).
-    """
+  def _release_in_own_session(self, release_op) -> bool:
+    """Runs `release_op` in a session of this thread's own; True if it ran."""
     try:
-      session.run(self._release_op, options=tf.compat.v1.RunOptions(
-          timeout_in_ms=5000))
+      session = self._session_factory()
     except Exception:  # pylint: disable=broad-except
-      pass  # The PS holding the queue is gone: the blocked steps fail anyway.
+      return False
+    try:
+      return _give_tokens(session, release_op)
+    finally:
+      session.close()
 
   def end(self, session):
     self._ended.set()
+    if self._stop_watch is not None:
+      # It wakes within 0.2 s; one in a release gives up within 5 s.
+      self._stop_watch.join(timeout=10)
     if self._is_chief:
       self._release_workers(session)
       self._stop_sync_thread()
@@ -299,3 +301,22 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       logging.warning("the sync thread did not stop within 30 s")
     self._thread = None
 
+
+def _give_tokens(session, release_op) -> bool:
+  """Runs `release_op` within 5 s; True if it ran.
+
+  For the steps nobody else will end: a stopping chief's own, and these.
+  After the sync thread failed (a PS died), the chief's own step and the
+  other workers' may be blocked on the token queue of a PS that is still
+  up: nothing would ever end them, and the chief would not see the
+  coordinator's stop request that starts its recovery (CI run: 2 PS, ps 1
+  killed while both workers waited for tokens; both gave up after
+  --wait_timeout_secs). With a token each, the steps return, the chief
+  recovers, and the workers' next steps meet the lost PS and recover too.
+  """
+  try:
+    session.run(release_op, options=tf.compat.v1.RunOptions(
+        timeout_in_ms=5000))
+    return True
+  except Exception:  # pylint: disable=broad-except
+    return False  # The PS holding the queue is gone.

@@ -30,13 +30,14 @@ in the instant a replica joined. It still ends the replica's step, but its
 next gradient carries a local step of -1, which every accumulator drops, and
 the replica then waits for a token as usual: it never counts twice.
 
-A replica takes all its tokens every step, so its queue holds one or two;
-only a replica that is gone (a dead backup worker the run goes on without)
-lets them pile up, one per global step, on the PS for as long as the run
-lasts. So a queue holding MAX_WAITING_TOKENS gets no more: a replica that
-comes back empties its queue before it starts (_start_step), and one that
-was merely that many steps behind takes a stale token, so its next gradient
-is dropped and the one after is fresh again.
+A replica takes all its tokens every step, so its queue holds one per
+global step it is behind: a few for a slow backup worker. Only a replica
+that is gone (a dead backup worker the run goes on without) lets them pile
+up, one per global step, on the PS for as long as the run lasts. So a
+queue holding MAX_WAITING_TOKENS gets no more: a replica that comes back
+empties its queue before it starts (_start_step), and one that was merely
+that many steps behind takes a stale token, so its next gradient is dropped
+and the one after is fresh again.
 """
 
 from typing import List
@@ -72,6 +73,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
     release_op: gives every replica a token of the current global step, so
       a replica blocked at the end of its step returns.
     release_others_op: the same for every replica but this one.
+    release_own_op: the same for this replica only.
   """
 
   def __init__(self, optimizer: tf.compat.v1.train.Optimizer,
@@ -82,6 +84,10 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
     if not 0 <= replica_index < num_workers:
       raise ValueError(f"replica_index {replica_index} is not one of the "
                        f"{num_workers} replicas")
+    if max_waiting_tokens < 1:
+      raise ValueError(f"max_waiting_tokens must be at least 1, not "
+                       f"{max_waiting_tokens}: a replica needs a token to "
+                       "end its step")
     self._opt = optimizer
     self._replicas_to_aggregate = replicas_to_aggregate
     self._num_workers = num_workers
@@ -93,6 +99,7 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
     self.sync_op = None
     self.release_op = None
     self.release_others_op = None
+    self.release_own_op = None
 
   def compute_gradients(self, *args, **kwargs):
     return self._opt.compute_gradients(*args, **kwargs)
@@ -137,13 +144,17 @@ class SyncOptimizer(tf.compat.v1.train.Optimizer):
                                    shapes=(), name=f"sync_token_q_{i}",
                                    shared_name=f"sync_token_q_{i}")
                 for i in range(self._num_workers)]
-      give = lambda queues: _give_each_a_token(queues, global_step,
-                                               self._max_waiting_tokens)
+
+      def give(to_queues):
+        return _give_each_a_token(to_queues, global_step,
+                                  self._max_waiting_tokens)
+
       with tf.control_dependencies([update]):
         self.sync_op = give(queues)
       self.release_op = give(queues)
       own_queue = queues[self._replica_index]
       self.release_others_op = give([q for q in queues if q is not own_queue])
+      self.release_own_op = give([own_queue])
       with tf.control_dependencies(sends):
         token = _newest_token(own_queue)
       start = _start_step(own_queue, global_step)
@@ -195,7 +206,7 @@ def _give_each_a_token(queues, global_step, limit: int) -> tf.Operation:
   gives = []
   for queue in queues:
     count = tf.cast(queue.size() < limit, tf.int32)
-    gives.append(queue.enqueue_many(tf.fill(tf.expand_dims(count, 0), token)))
+    gives.append(queue.enqueue_many(tf.fill([count], token)))
   return tf.group(*gives)
 
 

@@ -67,11 +67,12 @@ class _Replica:
   """One worker's graph (two PS variables, constant gradients) and session."""
 
   def __init__(self, test_cluster, index, sync_to_aggregate=None,
-               gated=False, max_waiting_tokens=None):
+               gated=False,
+               max_waiting_tokens=sync_replicas.MAX_WAITING_TOKENS):
     """`gated`: each step reads the global step for the hooks first, then
     waits for the test (open_gate) before its gradients go out, so one step
     can span several global steps, as a slow chief's does.
-    `max_waiting_tokens`: the sync optimizer's bound, if not its default."""
+    `max_waiting_tokens`: the sync optimizer's bound on a replica's tokens."""
     self.info = test_cluster.info("worker", index)
     self.target = test_cluster.targets[index]
     self.config = server_lib.session_config(self.info)
@@ -87,8 +88,7 @@ class _Replica:
         if sync_to_aggregate:
           optimizer = self.sync_optimizer = sync_replicas.SyncOptimizer(
               optimizer, sync_to_aggregate, self.info.num_workers,
-              self.info.replica_index, max_waiting_tokens=(
-                  max_waiting_tokens or sync_replicas.MAX_WAITING_TOKENS))
+              self.info.replica_index, max_waiting_tokens=max_waiting_tokens)
         grads = {k: tf.constant(g)
                  for k, g in _grads(self.info.replica_index).items()}
         if gated:
@@ -360,6 +360,27 @@ class SyncTest(SyncTestCase):
     with tf.compat.v1.Session(replica.target, graph=graph,
                               config=replica.config) as session:
       return [int(n) for n in session.run(sizes, options=_options())]
+
+  def test_each_release_reaches_only_the_queues_it_names(self):
+    """A stopping chief frees only its own step: a token to a live worker
+    would end that worker's step early and drop its next gradient."""
+    test_cluster = InProcessCluster(num_ps=1, num_workers=3)
+    chief = _Replica(test_cluster, 0, sync_to_aggregate=2)
+    sessions = self._sessions([chief])
+    optimizer = chief.sync_optimizer
+    for op, expected in [(optimizer.release_own_op, [1, 0, 0]),
+                         (optimizer.release_others_op, [1, 1, 1]),
+                         (optimizer.release_op, [2, 2, 2])]:
+      chief.session.run(op, options=_options())
+      self.assertEqual(self._tokens_waiting(chief), expected)
+    self.assertLess(self._close(sessions), 15)
+
+  def test_a_token_bound_below_one_is_refused(self):
+    with self.assertRaisesRegex(ValueError, "max_waiting_tokens must be at "
+                                "least 1, not 0"):
+      sync_replicas.SyncOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.1), 1, 1, 0,
+          max_waiting_tokens=0)
 
   def test_a_lost_workers_token_does_not_let_the_chief_train_alone(self):
     """CI, kill -9 of worker 1 in a sync run (tests/test_faults.py): killed
