@@ -176,13 +176,17 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
     every_replica.append(step_record.StepRecordHook(
         os.path.join(cfg.train.log_dir, "steps", f"{_file_stem(cfg)}.jsonl"),
         tg.loss, tg.global_step_read, tg.applied_step))
+  sync_hook = None
   if tg.sync_optimizer is not None:
-    every_replica.append(
-        _sync_hook(cfg, tg, target, session_config, stop, others))
+    sync_hook = _sync_hook(cfg, tg, target, session_config, stop, others)
+    every_replica.append(sync_hook)
   if not cfg.is_chief:
     return _Hooks(every_replica, [], progress, None)
   chief_only = [hooks_lib.PublishHook(
       tg.signature, run_signature.encode(tg.own_signature))]
+  if sync_hook is not None:
+    # Chief hooks end before the checkpoint saver: no step lands mid-save.
+    chief_only.append(sync_hook.final_checkpoint_guard())
   result = hooks_lib.ResultHook(
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
       os.path.join(cfg.train.log_dir, "result.json"), progress)

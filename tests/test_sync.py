@@ -25,6 +25,7 @@ from ps_trainer import cluster
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import placement
 from ps_trainer import server as server_lib
+from ps_trainer import session as session_lib
 from ps_trainer import sync
 from ps_trainer import sync_replicas
 from ps_trainer import waits
@@ -201,6 +202,28 @@ class _Stop:
 
   def exit_status(self):
     return 143
+
+
+class _ModelProbe(tf.compat.v1.train.SessionRunHook):
+  """At the session's end: the global step, again half a second later, and
+  the step of the newest checkpoint in `log_dir`; then calls `then`."""
+
+  def __init__(self, replica, log_dir, then):
+    self._replica = replica
+    self._log_dir = log_dir
+    self._then = then
+    self.steps = None
+
+  def end(self, session):
+    try:
+      at_end, _ = self._replica.read()
+      time.sleep(0.5)
+      later, _ = self._replica.read()
+      saved = tf.train.load_variable(
+          tf.train.latest_checkpoint(self._log_dir), "global_step")
+      self.steps = (at_end, later, int(saved))
+    finally:
+      self._then()
 
 
 class PsLifecycleTest(tf.test.TestCase):
@@ -658,6 +681,58 @@ class CleanEndTest(SyncTestCase):
     self.assertLess(time.monotonic() - stopped_at, 10)
     self.assertEqual(chief_thread.result[0], 1)  # The released step 2.
     self.assertModel(chief, 1, _expected([0, 1]))
+
+  def test_no_step_lands_after_a_stopping_chiefs_final_checkpoint(self):
+    """Only the chief is stopped; two backups go on training, 2 of 3 per
+    step. The saver's end used to come before the sync thread stopped, so
+    the model moved on during and after the final checkpoint. Wired as
+    trainer.py wires the chief (session.monitored_session: chief hooks, the
+    saver, then the others), a probe after the saver sees the model hold
+    still at the checkpoint's step while the workers keep sending."""
+    test_cluster = InProcessCluster(num_ps=1, num_workers=3)
+    chief, *workers = (_Replica(test_cluster, i, sync_to_aggregate=2)
+                       for i in range(3))
+    stop = _Stop()
+    log_dir = self.get_temp_dir()
+    leave = threading.Event()
+    sync_hook = chief.sync_hook(done_count=True, stop=stop)
+    probe = _ModelProbe(chief, log_dir, then=leave.set)
+    with chief.graph.as_default():
+      session = session_lib.monitored_session(
+          who="chief", is_chief=True, target=chief.target,
+          config=chief.config, scaffold=tf.compat.v1.train.Scaffold(),
+          hooks=[hooks_lib.StopOnRequestHook(stop), probe, sync_hook],
+          chief_hooks=[sync_hook.final_checkpoint_guard()], log_dir=log_dir,
+          save_checkpoint_secs=None, save_checkpoint_steps=10_000,
+          save_summaries_steps=10_000, before_session=lambda: None)
+    chief.session = session
+    for w in workers:
+      w.monitored_session([w.sync_hook()])
+
+    def chief_run():
+      for _ in range(3):
+        session.run(chief.train_op, options=_options())
+      stop.requested = True
+      return self._train_to_end(chief)
+
+    def worker_run(w):
+      steps = 0
+      while not leave.is_set():  # Past the chief's stop, until the probe.
+        w.session.run(w.train_op, options=_options())
+        steps += 1
+      self._leave(w)
+      return steps
+
+    threads = self.run_in_threads(
+        {"chief": chief_run,
+         **{f"worker {w.info.task_index}": (lambda w=w: worker_run(w))
+            for w in workers}})
+    self.assertIsNotNone(probe.steps, "the probe never ran")
+    at_end, half_a_second_later, saved = probe.steps
+    self.assertGreaterEqual(at_end, 4)
+    self.assertEqual(half_a_second_later, at_end)
+    self.assertEqual(saved, at_end)
+    self.assertLess(threads["chief"].result[1], 15)  # The close's seconds.
 
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = InProcessCluster(num_ps=1, num_workers=2)
