@@ -37,7 +37,7 @@ mid-save, leaving some variables a step ahead of the saved global step, and
 steps after the checkpoint were lost. `final_checkpoint_guard()` is a hook
 for the chief's own list, which ends before the saver: it stops the sync
 thread between two aggregations, and only then is the checkpoint written;
-the workers are released after it, as before (test_sync.py: 124 steps made
+the workers are released after it, as before (test_sync_end.py: 124 steps made
 in the half second after the final checkpoint without it, none with it).
 """
 
@@ -166,11 +166,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
             name="ps_trainer_sync_stop", daemon=True)
         self._stop_watch.start()
 
-  def final_checkpoint_guard(self) -> tf.compat.v1.train.SessionRunHook:
+  def final_checkpoint_guard(self) -> "FinalCheckpointGuard":
     """A hook whose end() stops the aggregation: place it before the saver."""
-    return _StopAggregatingHook(self._stop_aggregating)
+    return FinalCheckpointGuard(self)
 
-  def _stop_aggregating(self):
+  def stop_aggregating(self):
     """Stops the sync thread between two aggregations (module docstring).
 
     The thread checks for a stop between its sync ops; one in progress (its
@@ -340,14 +340,22 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._thread = None
 
 
-class _StopAggregatingHook(tf.compat.v1.train.SessionRunHook):
-  """Runs `stop_aggregating` at the end of a session (final_checkpoint_guard)."""
+class FinalCheckpointGuard(tf.compat.v1.train.SessionRunHook):
+  """Ends `sync_hook`'s aggregation when the session ends (module docstring).
 
-  def __init__(self, stop_aggregating: Callable[[], None]):
-    self._stop_aggregating = stop_aggregating
+  A failure here is logged, not raised: MonitoredSession would skip the
+  hooks after this one, the checkpoint saver among them.
+  """
+
+  def __init__(self, sync_hook: SyncReplicasHook):
+    self.sync_hook = sync_hook
 
   def end(self, session):
-    self._stop_aggregating()
+    try:
+      self.sync_hook.stop_aggregating()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning("could not stop the sync thread before the final "
+                      "checkpoint: %s", errors.first_line(str(e)))
 
 
 def _give_tokens(session, release_op) -> bool:

@@ -12,6 +12,9 @@ import tensorflow as tf
 
 from ps_trainer import checkpoints
 from ps_trainer import data
+from ps_trainer import peers
+from ps_trainer import stops
+from ps_trainer import sync
 from ps_trainer import trainer
 
 from inprocess_cluster import InProcessCluster
@@ -90,6 +93,24 @@ class LocalTrainingTest(absltest.TestCase):
     self.assertTrue(result["sync_replicas"])
     self.assertEqual(result["replicas_to_aggregate"], 1)
     self.assertEqual(result["global_step"], 60)
+
+  def test_a_sync_chief_stops_aggregating_before_its_final_checkpoint(self):
+    """session.py ends the chief's own hooks before the checkpoint saver, so
+    the sync hook's guard must be among them (test_sync_end.py tests what
+    the guard does)."""
+    cfg = testutil.planned_config(
+        "--sync_replicas", "--replicas_to_aggregate=2",
+        f"--log_dir={self.log_dir}", num_ps=1, num_workers=3)
+    self.assertTrue(cfg.is_chief)
+    graph = trainer.build(cfg, data.load(cfg.data.dataset))
+    stop = stops.StopRequest(cfg.task_name)
+    hooks = trainer._hooks(  # pylint: disable=protected-access
+        cfg, graph, "", None, stop, peers.Peers(cfg, graph, "", None, stop))
+    (sync_hook,) = [h for h in hooks.every_replica
+                    if isinstance(h, sync.SyncReplicasHook)]
+    (guard,) = [h for h in hooks.chief_only
+                if isinstance(h, sync.FinalCheckpointGuard)]
+    self.assertIs(guard.sync_hook, sync_hook)
 
   def test_cnn_on_digits_learns(self):
     result = self.train("--train_steps=150", "--model=cnn")
