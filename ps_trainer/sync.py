@@ -179,13 +179,9 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     for gradients that have not come, and closing its session cancels it
     before any apply. Only a gradient arriving in the instant of the cancel
     could still be half applied. Local mode has no other replica, so no
-    aggregation can come: the thread is left to MonitoredSession's close.
+    aggregation can come.
     """
-    if self._thread is None or self._sync_session is None:
-      return
-    self._stopping.set()
-    self._thread.join(timeout=self._boundary_secs)
-    self._stop_sync_thread()
+    self._stop_sync_thread(finish_within_secs=self._boundary_secs)
 
   def _start_sync_thread(self, session, coord):
     self._stopping.clear()
@@ -323,7 +319,9 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     except waits.WaitTimeout as e:
       logging.warning("%s; ending the run without them", e)
 
-  def _stop_sync_thread(self):
+  def _stop_sync_thread(self, finish_within_secs: float = 0.0):
+    """Ends the sync thread, after letting a sync op in progress finish
+    for up to `finish_within_secs` (the thread checks between ops)."""
     if self._thread is None:
       return
     self._stopping.set()
@@ -332,6 +330,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # the thread's blocked run; it is a daemon, nothing waits for it.
       self._thread = None
       return
+    self._thread.join(timeout=finish_within_secs)
     # Closing the sync thread's own session cancels its blocked take_grad.
     self._sync_session.close()
     self._thread.join(timeout=30)

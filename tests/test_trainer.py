@@ -102,10 +102,10 @@ class LocalTrainingTest(absltest.TestCase):
         "--sync_replicas", "--replicas_to_aggregate=2",
         f"--log_dir={self.log_dir}", num_ps=1, num_workers=3)
     self.assertTrue(cfg.is_chief)
-    graph = trainer.build(cfg, data.load(cfg.data.dataset))
+    tg = trainer.build(cfg, data.load(cfg.data.dataset))
     stop = stops.StopRequest(cfg.task_name)
     hooks = trainer._hooks(  # pylint: disable=protected-access
-        cfg, graph, "", None, stop, peers.Peers(cfg, graph, "", None, stop))
+        cfg, tg, "", None, stop, peers.Peers(cfg, tg, "", None, stop))
     (sync_hook,) = [h for h in hooks.every_replica
                     if isinstance(h, sync.SyncReplicasHook)]
     (guard,) = [h for h in hooks.chief_only
