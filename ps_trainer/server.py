@@ -130,7 +130,17 @@ class DoneSignals:
 def signal_done(target: str, info: cluster_lib.ClusterInfo,
                 signals: DoneSignals, graph: tf.Graph,
                 timeout_secs: float = 30.0) -> None:
-  """Tells every PS that this replica is done, in a short session of its own."""
+  """Tells every PS that this replica is done, in a short session of its own.
+
+  Not when a PS does not answer: creating the session would wait for it
+  without bound (RunOptions' timeout starts only with the run), so a worker
+  stopped while it waited for a PS that never came stayed until forced out.
+  """
+  gone = waits.unreachable(info.ps_addresses())
+  if gone:
+    logging.warning("could not tell every PS that this worker is done: "
+                    "not answering: %s", ", ".join(gone))
+    return
   options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
   with tf.compat.v1.Session(target, graph=graph,
                             config=session_config(info)) as session:
@@ -143,15 +153,15 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
                       str(e).splitlines()[0])
 
 
-class _DoneCount:
-  """A PS's own view of its done flags: zeroed once, then counted."""
+class _DoneFlags:
+  """A PS's own view of its done flags: zeroed once, then read."""
 
   def __init__(self, info: cluster_lib.ClusterInfo, target: str):
     self._graph = tf.Graph()
     with self._graph.as_default():
       flags = done_flags(info.task_index, info.num_workers)
       self._zero = flags.initializer
-      self._count = tf.reduce_sum(flags)
+      self._read = flags.read_value()
     self._session = tf.compat.v1.Session(target, graph=self._graph,
                                          config=session_config(info))
 
@@ -162,19 +172,20 @@ class _DoneCount:
   def __exit__(self, *unused):
     self._session.close()
 
-  def __call__(self) -> int:
-    return int(self._session.run(self._count))
+  def __call__(self) -> list:
+    """The replicas' flags, by replica index: 1 for each one done."""
+    return [int(flag) for flag in self._session.run(self._read)]
 
 
 def init_done_flags(target: str, info: cluster_lib.ClusterInfo) -> None:
   """Zeroes the done flags of the PS `info` names (what run_ps does first)."""
-  with _DoneCount(info, target):
+  with _DoneFlags(info, target):
     pass
 
 
 def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
            poll_secs: float = 0.5, probe_every_secs: float = 2.0,
-           clock=time.monotonic) -> int:
+           straggler_note_secs: float = 30.0, clock=time.monotonic) -> int:
   """Runs a PS task until every replica is done; returns the exit status.
 
   0 once every replica has said it is done. A PS never waits forever: if no
@@ -185,21 +196,27 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   """
   server = start_server(info)
   watch = _WorkerWatch(info, wait_timeout_secs, probe_every_secs, clock)
-  with _DoneCount(info, server.target) as count_done:
+  with _DoneFlags(info, server.target) as read_flags:
     print(f"ps {info.task_index}: serving on {info.address}; waiting for "
           f"{info.num_workers} worker(s) to finish{host_cores.pinned_note()}",
           flush=True)
     last = 0
     stop_seen = None
+    next_note = None
     while True:
-      done = count_done()
-      if done != last:
-        print(f"ps {info.task_index}: {done} of {info.num_workers} "
-              "worker(s) done", flush=True)
+      flags = read_flags()
+      done = sum(flags)
+      now = clock()
+      if done != last or (next_note is not None and now >= next_note):
+        # Once some are done, the rest are named: one that never joined
+        # (other host lists, say) is otherwise waited for in silence.
+        left = _not_done(info, flags)
+        print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
+              f"done{'; waiting for ' + left if left else ''}", flush=True)
         last = done
+        next_note = now + straggler_note_secs
       if done >= info.num_workers:
         break
-      now = clock()
       answering = watch.any_answering(now)
       if stop.requested:
         stop_seen = stop_seen or now
@@ -216,6 +233,22 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
       time.sleep(poll_secs)
   print(f"ps {info.task_index}: every worker is done; exiting", flush=True)
   return 0
+
+
+def _not_done(info: cluster_lib.ClusterInfo, flags: list) -> str:
+  """"worker 1 at host:port, ..." for each replica whose flag is not set."""
+  addresses = info.replica_addresses()
+  names = []
+  for replica, flag in enumerate(flags):
+    if flag:
+      continue
+    if info.has_chief_job:
+      name = "chief" if replica == 0 else f"worker {replica - 1}"
+    else:
+      name = f"worker {replica}"
+    address = addresses.get(name)
+    names.append(f"{name} at {address}" if address else name)
+  return ", ".join(names)
 
 
 class _WorkerWatch:
