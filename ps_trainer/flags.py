@@ -195,7 +195,9 @@ def _register_validators(fv) -> None:
   _one_of(fv, "wire_dtype", WIRE_DTYPES)
   flags.register_validator(
       "job_name", lambda value: value in ("",) + JOB_NAMES,
-      message=f"unknown job name; accepted: {', '.join(JOB_NAMES)}",
+      # "chief" passes here so that the cluster can say where it comes from.
+      message="unknown job name; accepted: ps, worker, evaluator (chief comes "
+      "from TF_CONFIG)",
       flag_values=fv)
   flags.register_validator(
       "hidden_units", _valid_hidden_units,

@@ -68,6 +68,9 @@ def _check_log_dir(log_dir: str) -> list:
   Returns:
     The directories it created, deepest first.
   """
+  if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+    _fail(f"--log_dir={log_dir}: is a file, not a directory; pass a directory "
+          "(it is created if missing)")
   created = []
   path = os.path.abspath(log_dir)
   while not os.path.exists(path):

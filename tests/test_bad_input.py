@@ -116,7 +116,8 @@ def _regular_file(test, tmp):
 _CASES = (
     # Cluster flags.
     ("unknown_job_name", None, [_PS, _WORKERS, "--job_name=boss", "--task_index=0"], {},
-     ["--job_name=boss", "unknown job name", "accepted: ps, worker, chief, evaluator"]),
+     ["--job_name=boss", "unknown job name",
+      "accepted: ps, worker, evaluator (chief comes from TF_CONFIG)"]),
     ("job_name_chief_with_host_flags", None,
      [_PS, _WORKERS, "--job_name=chief", "--task_index=0"], {},
      ["--job_name='chief'", "is not a task type of a --ps_hosts/--worker_hosts cluster",
@@ -172,6 +173,8 @@ _CASES = (
     ("log_dir_under_a_file", _regular_file, ["--log_dir={tmp}/file/run", _SHORT], {},
      ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)",
       "a directory this user can create and write"]),
+    ("log_dir_a_file", _regular_file, ["--log_dir={tmp}/file", _SHORT], {},
+     ["--log_dir={tmp}/file", "is a file, not a directory"]),
     ("log_dir_of_another_model", _run_of_another_model,
      ["--hidden_units=8,4", _SHORT, "--log_dir={tmp}/run"], {},
      ["--log_dir={tmp}/run holds checkpoints of another model",

@@ -148,8 +148,8 @@ _BAD_FLAGS = (
      r"flag --dataset=imagenet: unknown value; accepted: digits, synthetic, "
      r"mnist, npz"),
     ("job_name", ["--job_name=boss"],
-     r"flag --job_name=boss: unknown job name; accepted: ps, worker, chief, "
-     r"evaluator"),
+     r"flag --job_name=boss: unknown job name; accepted: ps, worker, evaluator "
+     r"\(chief comes from TF_CONFIG\)"),
     ("batch_size_0", ["--batch_size=0"], r"flag --batch_size=0: must be >= 1"),
     ("train_steps_0", ["--train_steps=0"], r"flag --train_steps=0: must be >= 1"),
     ("learning_rate_0", ["--learning_rate=0"],
@@ -422,7 +422,8 @@ _BINARY_CASES = (
     ("dataset", ["--dataset=imagenet"], {},
      r"--dataset=imagenet: unknown value; accepted: digits, synthetic, mnist, npz, tfrecord"),
     ("job_name", ["--job_name=boss"], {},
-     r"--job_name=boss: unknown job name; accepted: ps, worker, chief, evaluator"),
+     r"--job_name=boss: unknown job name; accepted: ps, worker, evaluator "
+     r"\(chief comes from TF_CONFIG\)"),
     ("batch_size", ["--batch_size=0"], {}, r"--batch_size=0: must be >= 1"),
     ("train_steps", ["--train_steps=0"], {}, r"--train_steps=0: must be >= 1"),
     ("learning_rate_0", ["--learning_rate=0"], {},
