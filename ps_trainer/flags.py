@@ -196,8 +196,9 @@ def _register_validators(fv) -> None:
   flags.register_validator(
       "job_name", lambda value: value in ("",) + JOB_NAMES,
       # "chief" passes here so that the cluster can say where it comes from.
-      message="unknown job name; accepted: ps, worker, evaluator (chief comes "
-      "from TF_CONFIG)",
+      message="unknown job name; accepted: "
+      f"{', '.join(j for j in JOB_NAMES if j != 'chief')} (chief comes from "
+      "TF_CONFIG)",
       flag_values=fv)
   flags.register_validator(
       "hidden_units", _valid_hidden_units,

@@ -115,5 +115,4 @@ class Peers:
       self._signal_done(timeout_secs=5 if self._stop.requested else 30)
 
   def _signal_done(self, timeout_secs: float) -> None:
-    server_lib.signal_done(self._target, self._info, self._tg.done_signals,
-                           self._tg.graph, timeout_secs=timeout_secs)
+    server_lib.signal_done(self._target, self._info, timeout_secs=timeout_secs)

@@ -109,48 +109,75 @@ def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
 
 
 class DoneSignals:
-  """The graph side of "this replica is done", built into a replica's graph.
+  """The other replicas' done flags, as a replica's graph reads them.
 
   Attributes:
-    signal_op: sets this replica's flag on every PS.
     others_done: how many other replicas have set their flag on PS 0 (the
       chief's measure at the end of a sync run).
   """
 
   def __init__(self, info: cluster_lib.ClusterInfo):
-    flags = [done_flags(i, info.num_workers) for i in range(info.num_ps)]
-    me = info.replica_index
-    self.signal_op = tf.group(
-        *[tf.compat.v1.scatter_update(f, [me], [1]) for f in flags],
-        name="signal_done")
-    others = 1 - tf.one_hot(me, info.num_workers, dtype=tf.int32)
-    self.others_done = tf.reduce_sum(flags[0] * others)
+    flags = done_flags(0, info.num_workers)
+    others = 1 - tf.one_hot(info.replica_index, info.num_workers,
+                            dtype=tf.int32)
+    self.others_done = tf.reduce_sum(flags * others)
 
 
 def signal_done(target: str, info: cluster_lib.ClusterInfo,
-                signals: DoneSignals, graph: tf.Graph,
                 timeout_secs: float = 30.0) -> None:
-  """Tells every PS that this replica is done, in a short session of its own.
+  """Tells every PS that answers that this replica is done.
 
-  Not when a PS does not answer: creating the session would wait for it
-  without bound (RunOptions' timeout starts only with the run), so a worker
-  stopped while it waited for a PS that never came stayed until forced out.
+  In a short session and graph that see only those PS tasks: creating a
+  session waits for every task it sees without bound (RunOptions' timeout
+  starts only with the run), and a distributed session places the whole
+  graph, so one absent PS would keep a stopping worker until forced out and
+  the PS tasks that are there would never hear from it.
   """
-  gone = waits.unreachable(info.ps_addresses())
-  if gone:
-    logging.warning("could not tell every PS that this worker is done: "
-                    "not answering: %s", ", ".join(gone))
+  answering, missing = _answering_ps(info, within_secs=min(timeout_secs, 3.0))
+  if missing:
+    # Such a PS waits --wait_timeout_secs for a worker to answer, then exits.
+    logging.warning("could not tell %s that this worker is done: not answering",
+                    ", ".join(missing))
+  if not answering:
     return
+  graph = tf.Graph()
+  with graph.as_default():
+    signal = tf.group(*[
+        tf.compat.v1.scatter_update(done_flags(i, info.num_workers),
+                                    [info.replica_index], [1])
+        for i in answering])
+  config = session_config(info)
+  del config.device_filters[:]
+  config.device_filters.extend(
+      [f"/job:ps/task:{i}" for i in answering] + [info.task_device])
   options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
-  with tf.compat.v1.Session(target, graph=graph,
-                            config=session_config(info)) as session:
+  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
     try:
-      session.run(signals.signal_op, options=options)
+      session.run(signal, options=options)
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
-      # A PS that is down or restarting; it gives up on its own if need be.
+      # A PS that went down since; it gives up on its own if need be.
       logging.warning("could not tell every PS that this worker is done: %s",
                       str(e).splitlines()[0])
+
+
+def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float,
+                  poll_secs: float = 0.5) -> tuple:
+  """([index of each PS that answers], ["ps i at host:port" of the others]).
+
+  A PS gets a few seconds to answer: one lost connection attempt, or a PS
+  restarting, should not cost it this replica's flag.
+  """
+  missing = dict(sorted(info.jobs["ps"].items()))
+  deadline = time.monotonic() + within_secs
+  while True:
+    for i in [i for i, address in missing.items() if waits.reachable(address)]:
+      del missing[i]
+    if not missing or time.monotonic() >= deadline:
+      break
+    time.sleep(poll_secs)
+  answering = sorted(set(info.jobs["ps"]) - set(missing))
+  return answering, [f"ps {i} at {address}" for i, address in missing.items()]
 
 
 class _DoneFlags:
@@ -183,6 +210,10 @@ def init_done_flags(target: str, info: cluster_lib.ClusterInfo) -> None:
     pass
 
 
+# The longest pause between two "waiting for" lines of a PS.
+_MAX_STRAGGLER_NOTE_SECS = 600.0
+
+
 def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
            poll_secs: float = 0.5, probe_every_secs: float = 2.0,
            straggler_note_secs: float = 30.0, clock=time.monotonic) -> int:
@@ -203,18 +234,23 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
     last = 0
     stop_seen = None
     next_note = None
+    note_gap = straggler_note_secs
     while True:
       flags = read_flags()
       done = sum(flags)
       now = clock()
       if done != last or (next_note is not None and now >= next_note):
         # Once some are done, the rest are named: one that never joined
-        # (other host lists, say) is otherwise waited for in silence.
+        # (other host lists, say) is otherwise waited for in silence. Named
+        # ever more rarely while nothing changes: one worker stopped for good
+        # while the rest train on for hours is not worth a line every 30 s.
+        note_gap = (straggler_note_secs if done != last
+                    else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = _not_done(info, flags)
         print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
               f"done{'; waiting for ' + left if left else ''}", flush=True)
         last = done
-        next_note = now + straggler_note_secs
+        next_note = now + note_gap
       if done >= info.num_workers:
         break
       answering = watch.any_answering(now)
@@ -235,8 +271,12 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   return 0
 
 
-def _not_done(info: cluster_lib.ClusterInfo, flags: list) -> str:
-  """"worker 1 at host:port, ..." for each replica whose flag is not set."""
+def _not_done(info: cluster_lib.ClusterInfo, flags: list,
+              most: int = 5) -> str:
+  """"worker 1 at host:port, ..." for the replicas whose flag is not set.
+
+  The first `most` of them, then how many more: a big job's line stays short.
+  """
   addresses = info.replica_addresses()
   names = []
   for replica, flag in enumerate(flags):
@@ -248,7 +288,8 @@ def _not_done(info: cluster_lib.ClusterInfo, flags: list) -> str:
       name = f"worker {replica}"
     address = addresses.get(name)
     names.append(f"{name} at {address}" if address else name)
-  return ", ".join(names)
+  more = f" and {len(names) - most} more" if len(names) > most else ""
+  return ", ".join(names[:most]) + more
 
 
 class _WorkerWatch:

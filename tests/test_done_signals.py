@@ -1,6 +1,6 @@
-"""A replica that leaves tells every PS it is done; one that cannot reach a PS leaves at once.
+"""A replica that leaves tells every PS that answers it is done, and never waits for one that doesn't.
 
-One worker's server in this process; its cluster names a PS that was never started.
+In-process servers: a worker, and PS tasks of which some were never started.
 """
 
 import threading
@@ -17,23 +17,43 @@ tf.compat.v1.disable_eager_execution()
 
 class DoneSignalsTest(absltest.TestCase):
 
-  def test_a_worker_whose_ps_never_came_leaves_at_once(self):
-    ps_port, worker_port = testutil.pick_free_ports(2)
-    info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
+  def _leave(self, info, bound_secs=15):
+    """Runs signal_done for `info`'s worker in a thread; returns the warnings it logged."""
     target = server_lib.start_server(info).target
-    graph = tf.Graph()
-    with graph.as_default():
-      signals = server_lib.DoneSignals(info)
-    # Before, creating the session waited for the PS without bound (a worker stopped while it
-    # waited for its PS stayed until its 20 s grace ran out); a thread keeps this test bounded.
+    # Before, creating the session waited for an absent PS without bound (a worker stopped while
+    # it waited for its PS stayed until its 20 s grace ran out); a thread keeps this test bounded.
     leaving = threading.Thread(
-        target=server_lib.signal_done, args=(target, info, signals, graph),
+        target=server_lib.signal_done, args=(target, info),
         kwargs={"timeout_secs": 5}, daemon=True)
     with self.assertLogs(level="WARNING") as logs:
       leaving.start()
-      leaving.join(timeout=10)
-    self.assertFalse(leaving.is_alive(), "signal_done still waits for the PS after 10 s")
-    self.assertIn(f"not answering: ps 0 at 127.0.0.1:{ps_port}", "\n".join(logs.output))
+      leaving.join(timeout=bound_secs)
+    self.assertFalse(leaving.is_alive(), f"signal_done still waits after {bound_secs} s")
+    return "\n".join(logs.output)
+
+  def test_a_worker_whose_ps_never_came_leaves_at_once(self):
+    ps_port, worker_port = testutil.pick_free_ports(2)
+    info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
+    warnings = self._leave(info)
+    self.assertIn(f"could not tell ps 0 at 127.0.0.1:{ps_port} that this worker is done",
+                  warnings)
+
+  def test_the_ps_tasks_that_answer_are_told_though_one_is_missing(self):
+    ps0_port, ps1_port, worker_port = testutil.pick_free_ports(3)
+    hosts = (f"127.0.0.1:{ps0_port},127.0.0.1:{ps1_port}", f"127.0.0.1:{worker_port}")
+    ps0 = cluster.from_flags(*hosts, "ps", 0)
+    ps0_target = server_lib.start_server(ps0).target
+    server_lib.init_done_flags(ps0_target, ps0)  # As run_ps does first.
+
+    warnings = self._leave(cluster.from_flags(*hosts, "worker", 0))
+
+    self.assertIn(f"could not tell ps 1 at 127.0.0.1:{ps1_port} that", warnings)
+    self.assertNotIn("ps 0", warnings)
+    graph = tf.Graph()
+    with graph.as_default():
+      flags = server_lib.done_flags(0, 1)
+    with tf.compat.v1.Session(ps0_target, graph=graph, config=server_lib.session_config(ps0)) as s:
+      self.assertEqual(list(s.run(flags.read_value())), [1])  # PS 0 can finish without ps 1.
 
 
 if __name__ == "__main__":

@@ -107,8 +107,7 @@ class CleanEndTest(sync_testlib.SyncTestCase):
     start = time.monotonic()
     r.session.close()
     close_secs = time.monotonic() - start
-    server_lib.signal_done(r.target, r.info, r.done_signals, r.graph,
-                           timeout_secs=10)
+    server_lib.signal_done(r.target, r.info, timeout_secs=10)
     return close_secs
 
   def test_two_workers_stop_at_the_last_step(self):
