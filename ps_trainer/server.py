@@ -246,7 +246,7 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         # while the rest train on for hours is not worth a line every 30 s.
         note_gap = (straggler_note_secs if done != last
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
-        left = _not_done(info, flags)
+        left = not_done_names(info, flags)
         print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
               f"done{'; waiting for ' + left if left else ''}", flush=True)
         last = done
@@ -271,8 +271,8 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   return 0
 
 
-def _not_done(info: cluster_lib.ClusterInfo, flags: list,
-              most: int = 5) -> str:
+def not_done_names(info: cluster_lib.ClusterInfo, flags: list,
+                   most: int = 5) -> str:
   """"worker 1 at host:port, ..." for the replicas whose flag is not set.
 
   The first `most` of them, then how many more: a big job's line stays short.
@@ -282,7 +282,10 @@ def _not_done(info: cluster_lib.ClusterInfo, flags: list,
   for replica, flag in enumerate(flags):
     if flag:
       continue
-    if info.has_chief_job:
+    if info.sparse:
+      # A sparse PS sees only itself: it cannot tell a chief job from none.
+      name = f"replica {replica}"
+    elif info.has_chief_job:
       name = "chief" if replica == 0 else f"worker {replica - 1}"
     else:
       name = f"worker {replica}"

@@ -6,6 +6,7 @@ sync_testlib.py; the end of a sync run is tested in test_sync_end.py.
 
 import contextlib
 import io
+import json
 import socket
 import threading
 import time
@@ -96,6 +97,22 @@ class PsLifecycleTest(tf.test.TestCase):
       stop.requested = True
       ps.join(timeout=60)
     self.assertEqual(statuses, [143], output.getvalue())
+
+  def test_the_replicas_not_done_are_named_as_their_tasks(self):
+    with_chief = cluster.parse_tf_config(json.dumps({
+        "cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
+        "task": {"type": "ps", "index": 0}}))
+    self.assertEqual(server_lib.not_done_names(with_chief, [0, 1, 0]),
+                     "chief at c:1, worker 1 at w1:1")
+    # A sparse PS sees only itself, so it cannot tell whether replica 0 is a chief.
+    sparse = cluster.parse_tf_config(json.dumps({
+        "sparseCluster": {"worker": {}, "ps": ["p:1"]}, "task": {"type": "ps", "index": 0}}),
+        num_workers=3)
+    self.assertEqual(server_lib.not_done_names(sparse, [1, 0, 0]), "replica 1, replica 2")
+    many = cluster.from_flags("p:1", ",".join(f"w{i}:1" for i in range(8)), "ps", 0)
+    self.assertEqual(server_lib.not_done_names(many, [0] * 8),
+                     "worker 0 at w0:1, worker 1 at w1:1, worker 2 at w2:1, worker 3 at w3:1, "
+                     "worker 4 at w4:1 and 3 more")
 
   def test_a_stop_request_ends_it_at_once_when_no_worker_answers(self):
     status, secs, lines, _ = self.run_ps(FakeStop(requested=True))
