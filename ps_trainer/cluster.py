@@ -22,6 +22,9 @@ TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 _ALIASES = {"master": "chief"}
 
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):([0-9]+)")
+# One machine's own addresses: a server listening on one listens on them all.
+_LOOPBACK = re.compile(r"localhost|ip6-localhost|127(\.[0-9]+){3}|\[::1\]",
+                       re.IGNORECASE)
 
 
 class ClusterError(ValueError):
@@ -39,9 +42,14 @@ def parse_hosts(flag: str, value: str) -> list:
     The list of "host:port" strings (empty for an empty value).
 
   Raises:
-    ClusterError: an entry without a port, a port out of range, or a duplicate.
+    ClusterError: an empty entry (a host left out?), an entry without a
+      port, a port out of range, or a duplicate.
   """
-  hosts = [h.strip() for h in value.split(",") if h.strip()] if value else []
+  hosts = [h.strip() for h in value.split(",")] if value else []
+  if "" in hosts:
+    raise ClusterError(
+        f"{flag}={value}: entry {hosts.index('') + 1} of {len(hosts)} is "
+        "empty; list every task's host:port, separated by single commas")
   for host in hosts:
     check_address(flag, host)
   _check_unique(flag, hosts)
@@ -63,13 +71,19 @@ def check_address(where: str, address: str) -> None:
 
 
 def _check_unique(where: str, addresses: Sequence[str]) -> None:
-  seen = set()
+  """Two tasks on one host:port cannot both listen. A TF server listens on
+  every interface, so the loopback names (localhost, 127.0.0.1, ...) are one."""
+  seen = {}
   for address in addresses:
-    if address in seen:
-      raise ClusterError(
-          f"{where}: {address} appears twice; every task needs its own "
-          "host:port")
-    seen.add(address)
+    host, _, port = address.rpartition(":")
+    key = ("loopback" if _LOOPBACK.fullmatch(host) else host.lower(), port)
+    if key in seen:
+      first = seen[key]
+      same = ("appears twice" if first == address else
+              f"and {first} are the same host:port")
+      raise ClusterError(f"{where}: {address} {same}; every task needs its "
+                         "own host:port")
+    seen[key] = address
 
 
 @dataclasses.dataclass(frozen=True)

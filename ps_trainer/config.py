@@ -112,6 +112,7 @@ def from_flag_values(values: Mapping, tf_config: str,
       values["task_index"], tf_config, values["num_workers"])
   num_workers = cluster.num_workers if cluster else 1
   _check_model_reads_data(values["model"], values["dataset"])
+  _check_data_flags_are_read(values)
   return Config(
       cluster=cluster,
       data=DataConfig(values["dataset"], values["data_dir"],
@@ -169,6 +170,22 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
         f"--dataset=tfrecord holds click records (sparse ids, dense features, "
         f"a 0/1 label), which --model={model} cannot read; use "
         "--model=wide_deep")
+
+
+# Which data sets read --data_dir and --data_path (data.load).
+_READS = {"data_dir": ("mnist", "tfrecord"), "data_path": ("npz",)}
+
+
+def _check_data_flags_are_read(values: Mapping) -> None:
+  """A data flag the data set ignores is a mistake: without this, the run
+  trains on something else (the bundled digits, say) and exits 0."""
+  dataset = values["dataset"]
+  for flag, readers in _READS.items():
+    if values[flag] and dataset not in readers:
+      raise ConfigError(
+          f"--{flag}={values[flag]}: --dataset={dataset} does not read it; "
+          f"only --dataset={' or --dataset='.join(readers)} does (add the "
+          f"--dataset that holds these files, or drop --{flag})")
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

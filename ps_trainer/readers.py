@@ -237,6 +237,8 @@ def read_npz(path, label, context):
       arrays that break the layout.
   """
   needs = f"{context} needs a keras-layout .npz with keys {', '.join(NPZ_KEYS)}"
+  if os.path.isdir(path):
+    raise DataError(f"{label}: is a directory, not a file; {needs}")
   if not os.path.isfile(path):
     raise DataError(f"{label}: no such file; {needs}")
   if _magic_of(path) not in (b"PK\x03\x04", b"\x93NUM"):

@@ -12,10 +12,10 @@ import sys
 import time
 from typing import Optional
 
-from absl import logging
 import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
+from ps_trainer import errors
 from ps_trainer import host_cores
 from ps_trainer import waits
 
@@ -136,8 +136,8 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
   answering, missing = _answering_ps(info, within_secs=min(timeout_secs, 3.0))
   if missing:
     # Such a PS waits --wait_timeout_secs for a worker to answer, then exits.
-    logging.warning("could not tell %s that this worker is done: not answering",
-                    ", ".join(missing))
+    errors.warn(f"could not tell {', '.join(missing)} that this worker is "
+                "done: not answering")
   if not answering:
     return
   graph = tf.Graph()
@@ -157,8 +157,8 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
     except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
             tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
       # A PS that went down since; it gives up on its own if need be.
-      logging.warning("could not tell every PS that this worker is done: %s",
-                      str(e).splitlines()[0])
+      errors.warn("could not tell every PS that this worker is done: "
+                  + errors.first_line(str(e)))
 
 
 def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float,

@@ -94,6 +94,10 @@ class FromFlagsTest(absltest.TestCase):
     self.assertEqual(info.jobs["worker"],
                      {0: "10.0.0.2:2222", 1: "host_3.example:2223"})
 
+  def test_one_machine_by_two_names_on_two_ports(self):
+    info = cluster.from_flags("localhost:2222", "127.0.0.1:2223,[::1]:2224", "worker", 1)
+    self.assertEqual(info.jobs["worker"], {0: "127.0.0.1:2223", 1: "[::1]:2224"})
+
   def test_info_is_frozen(self):
     info = cluster.from_flags("ps0:2222", "w0:2222", "worker", 0)
     with self.assertRaises(AttributeError):
@@ -264,9 +268,25 @@ _ERRORS = (
     ("empty_ps_hosts", cluster.from_flags,
      ("", "w0:2222", "worker", 0), {},
      r"^--ps_hosts is empty; a cluster task needs at least one PS"),
+    # An empty entry is a host left out, not a smaller cluster.
     ("only_commas_ps_hosts", cluster.from_flags,
      (" , ,", "w0:2222", "worker", 0), {},
-     r"^--ps_hosts is empty; a cluster task needs at least one PS"),
+     r"^--ps_hosts= , ,: entry 1 of 3 is empty; list every task's host:port, separated by "
+     r"single commas$"),
+    ("double_comma_in_worker_hosts", cluster.from_flags,
+     ("ps0:2222", "w0:2222,,w1:2222", "worker", 0), {},
+     r"^--worker_hosts=w0:2222,,w1:2222: entry 2 of 3 is empty;"),
+    ("trailing_comma_in_ps_hosts", cluster.from_flags,
+     ("ps0:2222,", "w0:2222", "worker", 0), {},
+     r"^--ps_hosts=ps0:2222,: entry 2 of 2 is empty;"),
+    # A TF server listens on every interface: these are one port of one machine.
+    ("loopback_aliases_across_ps_and_worker", cluster.from_flags,
+     ("localhost:45300", "127.0.0.1:45300", "ps", 0), {},
+     r"^--ps_hosts/--worker_hosts: 127\.0\.0\.1:45300 and localhost:45300 are the same "
+     r"host:port; every task needs its own host:port$"),
+    ("hostnames_differing_in_case", cluster.from_flags,
+     ("ps0:2222", "W0:2222,w0:2222", "worker", 0), {},
+     r"^--worker_hosts: w0:2222 and W0:2222 are the same host:port;"),
     ("empty_worker_hosts", cluster.from_flags,
      ("ps0:2222", "", "ps", 0), {},
      r"^--worker_hosts is empty; a cluster task needs at least one worker"),

@@ -3,6 +3,8 @@
 In-process servers: a worker, and PS tasks of which some were never started.
 """
 
+import contextlib
+import io
 import threading
 
 from absl.testing import absltest
@@ -18,25 +20,27 @@ tf.compat.v1.disable_eager_execution()
 class DoneSignalsTest(absltest.TestCase):
 
   def _leave(self, info, bound_secs=15):
-    """Runs signal_done for `info`'s worker in a thread; returns the warnings it logged."""
+    """Runs signal_done for `info`'s worker in a thread; returns the warnings it printed."""
     target = server_lib.start_server(info).target
     # Before, creating the session waited for an absent PS without bound (a worker stopped while
     # it waited for its PS stayed until its 20 s grace ran out); a thread keeps this test bounded.
     leaving = threading.Thread(
         target=server_lib.signal_done, args=(target, info),
         kwargs={"timeout_secs": 5}, daemon=True)
-    with self.assertLogs(level="WARNING") as logs:
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
       leaving.start()
       leaving.join(timeout=bound_secs)
     self.assertFalse(leaving.is_alive(), f"signal_done still waits after {bound_secs} s")
-    return "\n".join(logs.output)
+    return stderr.getvalue()
 
   def test_a_worker_whose_ps_never_came_leaves_at_once(self):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
     warnings = self._leave(info)
-    self.assertIn(f"could not tell ps 0 at 127.0.0.1:{ps_port} that this worker is done",
-                  warnings)
+    # As the trainer's other lines read, not in absl's format ("W1125 13:36:42.23 ... server.py:139]").
+    self.assertIn(f"\nps_trainer: warning: could not tell ps 0 at 127.0.0.1:{ps_port} that this "
+                  "worker is done: not answering\n", "\n" + warnings)
 
   def test_the_ps_tasks_that_answer_are_told_though_one_is_missing(self):
     ps0_port, ps1_port, worker_port = testutil.pick_free_ports(3)
@@ -47,7 +51,8 @@ class DoneSignalsTest(absltest.TestCase):
 
     warnings = self._leave(cluster.from_flags(*hosts, "worker", 0))
 
-    self.assertIn(f"could not tell ps 1 at 127.0.0.1:{ps1_port} that", warnings)
+    self.assertIn(f"ps_trainer: warning: could not tell ps 1 at 127.0.0.1:{ps1_port} that",
+                  warnings)
     self.assertNotIn("ps 0", warnings)
     graph = tf.Graph()
     with graph.as_default():
