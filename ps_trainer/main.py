@@ -17,7 +17,6 @@ evaluator scores each new checkpoint into <log_dir>/eval.json (evaluator.py).
 
 import os
 import sys
-import tempfile
 
 # TensorFlow's C++ start-up chatter drowns the progress lines; errors still show.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -26,6 +25,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags as absl_flags
 
 from ps_trainer import flags as flags_lib
+from ps_trainer import output_dir
 
 FLAGS = absl_flags.FLAGS
 TRAINER_FLAGS = flags_lib.define_flags()
@@ -59,7 +59,7 @@ def main(argv) -> int:
   try:
     return _run_task(cfg)
   finally:
-    _remove_if_empty(created)
+    output_dir.remove_if_empty(created)
 
 
 def _check_log_dir(log_dir: str) -> list:
@@ -68,31 +68,10 @@ def _check_log_dir(log_dir: str) -> list:
   Returns:
     The directories it created, deepest first.
   """
-  if os.path.exists(log_dir) and not os.path.isdir(log_dir):
-    _fail(f"--log_dir={log_dir}: is a file, not a directory; pass a directory "
-          "(it is created if missing)")
-  created = []
-  path = os.path.abspath(log_dir)
-  while not os.path.exists(path):
-    created.append(path)
-    path = os.path.dirname(path)
   try:
-    os.makedirs(log_dir, exist_ok=True)
-    with tempfile.TemporaryFile(dir=log_dir):
-      pass
-  except OSError as e:
-    _fail(f"--log_dir={log_dir}: cannot write there ({e.strerror}); pass a "
-          "directory this user can create and write")
-  return created
-
-
-def _remove_if_empty(directories: list) -> None:
-  """A run that failed before writing anything leaves no empty log dir behind."""
-  for directory in directories:
-    try:
-      os.rmdir(directory)
-    except OSError:
-      return  # Not empty: it holds the run's files (and so do its parents).
+    return output_dir.prepare(log_dir, "--log_dir")
+  except output_dir.OutputDirError as e:
+    _fail(str(e))
 
 
 def _run_task(cfg) -> int:

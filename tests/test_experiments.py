@@ -49,6 +49,32 @@ class BadInputTest(absltest.TestCase):
       self.assertIn(says, lines[0])
 
 
+  def test_their_own_flags_and_output_dirs_are_one_line_each(self):
+    a_file = os.path.join(testutil.make_tempdir(self), "file")
+    with open(a_file, "w") as f:
+      f.write("not a directory\n")
+    out = os.path.join(testutil.make_tempdir(self), "out")
+    for args, says in (
+        (["bench", "--rounds=0"], "bench: error: flag --rounds=0: 0 is not a positive integer"),
+        (["bench", "--rounds=abc"], "bench: error: flag --rounds=abc: invalid literal"),
+        (["bench", f"--bench_dir={a_file}"],
+         f"bench: error: --bench_dir={a_file}: is a file, not a directory"),
+        (["compare", f"--out_dir={out}", "--num_workers=0"],
+         "compare: error: flag --num_workers=0: 0 is not a positive integer"),
+        (["compare", f"--out_dir={out}", "--target_loss=abc"],
+         "compare: error: flag --target_loss=abc: could not convert string to float"),
+        (["compare", f"--out_dir={out}", "--target_loss=-1"],
+         "compare: error: flag --target_loss=-1.0: must be > 0"),
+        (["compare", f"--out_dir={a_file}"],
+         f"compare: error: --out_dir={a_file}: is a file, not a directory")):
+      code, _, err = _run([args[0], "--no_isolate", *args[1:], "--train_steps=10"], 60)
+      self.assertEqual(code, 2, (args, err))
+      lines = err.strip().splitlines()
+      self.assertLen(lines, 1, (args, err))
+      self.assertStartsWith(lines[0], says)
+    self.assertFalse(os.path.exists(out), "a refused compare started writing")
+
+
 class TrainerArgsTest(absltest.TestCase):
 
   def test_boolean_flags_take_the_forms_the_trainer_takes(self):

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 from absl import app
 from absl import flags
 
+from ps_trainer import output_dir
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
 
@@ -184,6 +185,11 @@ def main(argv):
     return 2
   bench_dir = os.path.abspath(FLAGS.bench_dir or os.path.join(
       "runs", time.strftime("bench-%Y%m%d-%H%M%S")))
+  try:
+    output_dir.prepare(bench_dir, "--bench_dir")
+  except output_dir.OutputDirError as e:
+    print(f"bench: error: {e}", file=sys.stderr)
+    return 2
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
   say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "
@@ -201,7 +207,7 @@ def main(argv):
 
 
 def run():
-  app.run(main, flags_parser=lambda argv: FLAGS(argv, known_only=True))
+  app.run(main, flags_parser=trainer_args.own_flags_parser("bench"))
 
 
 if __name__ == "__main__":

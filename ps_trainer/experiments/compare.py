@@ -17,6 +17,7 @@ from typing import Dict, List
 from absl import app
 from absl import flags
 
+from ps_trainer import output_dir
 from ps_trainer.experiments import report
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
@@ -29,6 +30,9 @@ flags.DEFINE_integer("num_workers", 2, "Workers of the local cluster.",
 flags.DEFINE_float("target_loss", None, "Training loss whose time and steps to "
                    "reach are compared (default: the highest final loss of the "
                    "two modes, so both reach it).")
+flags.register_validator(
+    "target_loss", lambda loss: loss is None or loss > 0,
+    message="must be > 0: a training loss both runs can come down to")
 
 # The runs' own settings; trainer flags pick the work.
 _OWNED = {"ps_hosts", "worker_hosts", "job_name", "task_index", "log_dir",
@@ -62,6 +66,11 @@ def main(argv):
     print(f"compare: error: {e}", file=sys.stderr)
     return 2
   out_dir = os.path.abspath(FLAGS.out_dir)
+  try:
+    output_dir.prepare(out_dir, "--out_dir")
+  except output_dir.OutputDirError as e:
+    print(f"compare: error: {e}", file=sys.stderr)
+    return 2
   flags_list = [f"--{k}={v}" for k, v in values.items()]
   command = shlex.join(
       ["./launch.sh", "compare", f"--out_dir={FLAGS.out_dir}",
@@ -81,7 +90,7 @@ def main(argv):
 
 
 def run():
-  app.run(main, flags_parser=lambda argv: FLAGS(argv, known_only=True))
+  app.run(main, flags_parser=trainer_args.own_flags_parser("compare"))
 
 
 if __name__ == "__main__":

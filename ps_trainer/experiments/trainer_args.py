@@ -1,5 +1,7 @@
-"""The trainer flags that bench and compare pass on to every run they start."""
+"""The command lines of bench and compare: their own flags, and the trainer
+flags they pass on to every run they start."""
 
+import sys
 from typing import Dict, List, Set
 
 from absl import flags
@@ -51,3 +53,17 @@ def _boolean(fv: flags.FlagValues, known: Set[str], name: str):
   if name.startswith("no") and name[2:] in known and fv[name[2:]].boolean:
     return name[2:], "false"
   return name, ""
+
+
+def own_flags_parser(command: str):
+  """app.run's flags_parser for `command`: its own flags into absl's FLAGS,
+  the rest left for `parse`; a bad value of its own is one line and exit 2,
+  not absl's traceback."""
+  def parse_own(argv: List[str]) -> List[str]:
+    try:
+      return flags.FLAGS(argv, known_only=True)
+    except flags.Error as e:
+      print(f"{command}: error: {' '.join(str(e).split())} (see --helpfull)",
+            file=sys.stderr, flush=True)
+      sys.exit(2)
+  return parse_own

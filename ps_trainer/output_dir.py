@@ -1,0 +1,52 @@
+"""An output directory, checked before any work starts.
+
+A run that finds at its end that it cannot write its results has wasted the
+run; a command that crashes on a path that is a file prints a traceback. The
+trainer's --log_dir, bench's --bench_dir and compare's --out_dir all go
+through here, so each says what was wrong in one line, naming its flag.
+"""
+
+import os
+import tempfile
+from typing import List
+
+
+class OutputDirError(ValueError):
+  """The directory cannot be used. The message is one line, naming the flag."""
+
+
+def prepare(path: str, flag: str) -> List[str]:
+  """Creates `path` if it is missing and checks that this user can write there.
+
+  Returns:
+    The directories it created, deepest first, so that a run which ends
+    before writing anything can remove them (`remove_if_empty`).
+
+  Raises:
+    OutputDirError: `path` is a file, or cannot be created or written.
+  """
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise OutputDirError(f"{flag}={path}: is a file, not a directory; pass a "
+                         "directory (it is created if missing)")
+  created = []
+  parent = os.path.abspath(path)
+  while not os.path.exists(parent):
+    created.append(parent)
+    parent = os.path.dirname(parent)
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+      pass
+  except OSError as e:
+    raise OutputDirError(f"{flag}={path}: cannot write there ({e.strerror}); "
+                         "pass a directory this user can create and write") from None
+  return created
+
+
+def remove_if_empty(directories: List[str]) -> None:
+  """Removes the directories `prepare` created, unless something was written."""
+  for directory in directories:
+    try:
+      os.rmdir(directory)
+    except OSError:
+      return  # Not empty: it holds the run's files (and so do its parents).
