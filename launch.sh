@@ -186,10 +186,24 @@ run_local() {
   if ((isolate)); then
     isolate_network local "${original[@]}"
   fi
+  local made_log_dir=0 status=0
   if [[ -z $log_dir ]]; then
     log_dir=$(new_log_dir)
+    made_log_dir=1
   fi
-  mkdir -p "$log_dir/logs" || DIE_STATUS=2 die "cannot create --log_dir=$log_dir"
+  # The chief's flags, checked before any task starts (nothing loads TensorFlow): a mistake is
+  # one line from the trainer and exit 2, with no cluster started and no log dir left behind.
+  local placeholder_ps="" placeholder_workers=""
+  for ((i = 0; i < num_ps; i++)); do placeholder_ps+="${placeholder_ps:+,}127.0.0.1:$((10000 + i))"; done
+  for ((i = 0; i < num_workers; i++)); do placeholder_workers+="${placeholder_workers:+,}127.0.0.1:$((40000 + i))"; done
+  TF_CONFIG="" PS_TRAINER_CHECK_ONLY=1 "$PY" -m ps_trainer --job_name=worker --task_index=0 \
+    --ps_hosts="$placeholder_ps" --worker_hosts="$placeholder_workers" --log_dir="$log_dir" \
+    "${args[@]}" || status=$?
+  if ((status)); then
+    if ((made_log_dir)); then rmdir "$log_dir" 2>/dev/null || true; fi
+    exit "$status"
+  fi
+  mkdir -p "$log_dir/logs" 2>/dev/null || DIE_STATUS=2 die "cannot create --log_dir=$log_dir/logs"
 
   local ports ps_hosts="" worker_hosts=""
   read -r -a ports < <(free_ports $((num_ps + num_workers)))

@@ -56,6 +56,10 @@ def main(argv) -> int:
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
   created = _check_log_dir(cfg.train.log_dir) if cfg.is_chief else []
+  if os.environ.get("PS_TRAINER_CHECK_ONLY"):
+    # `launch.sh local` checks the chief's flags so before it starts any task:
+    # a mistake is then one line, not one per task among the launcher's own.
+    return 0
   try:
     return _run_task(cfg)
   finally:

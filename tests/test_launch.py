@@ -61,6 +61,21 @@ class LaunchInputTest(absltest.TestCase):
         self.assertEqual(len(out.strip().splitlines()), 1, out)
         self.assertIn(flag.split("=")[0], out)
 
+  def test_a_bad_trainer_flag_is_the_trainers_one_line_before_any_task_starts(self):
+    cwd = testutil.make_tempdir(self)  # where the default runs/local-<time> would go
+    for flags, says in (
+        (["--train_steps=0"], "ps_trainer: error: flag --train_steps=0: must be >= 1"),
+        (["--sync_replicas", "--replicas_to_aggregate=3"],
+         "ps_trainer: error: --replicas_to_aggregate=3 exceeds the 2 worker(s)")):
+      with self.subTest(flags=flags):
+        code, out = _run([testutil.LAUNCH_SH, "local", "--no_isolate", *flags], cwd=cwd)
+        self.assertEqual(code, 2, out)
+        lines = [l for l in out.strip().splitlines() if "private network namespace" not in l]
+        self.assertLen(lines, 1, out)  # Before, one more line per task, and the cluster started.
+        self.assertStartsWith(lines[0], says)
+        runs = os.path.join(cwd, "runs")
+        self.assertEqual(os.listdir(runs) if os.path.isdir(runs) else [], [], out)
+
   def test_help(self):
     code, out = _run([testutil.LAUNCH_SH, "--help"])
     self.assertEqual(code, 0, out)
