@@ -191,35 +191,30 @@ run_local() {
     log_dir=$(new_log_dir)
     made_log_dir=1
   fi
-  # The chief's flags, checked before any task starts (nothing loads TensorFlow): a mistake is
-  # one line from the trainer and exit 2, with no cluster started and no log dir left behind.
-  local placeholder_ps="" placeholder_workers=""
-  for ((i = 0; i < num_ps; i++)); do placeholder_ps+="${placeholder_ps:+,}127.0.0.1:$((10000 + i))"; done
-  for ((i = 0; i < num_workers; i++)); do placeholder_workers+="${placeholder_workers:+,}127.0.0.1:$((40000 + i))"; done
-  TF_CONFIG="" PS_TRAINER_CHECK_ONLY=1 "$PY" -m ps_trainer --job_name=worker --task_index=0 \
-    --ps_hosts="$placeholder_ps" --worker_hosts="$placeholder_workers" --log_dir="$log_dir" \
-    "${args[@]}" || status=$?
+  local ports ps_hosts="" worker_hosts=""
+  read -r -a ports < <(free_ports $((num_ps + num_workers)))
+  ((${#ports[@]} == num_ps + num_workers)) || die "could not pick $((num_ps + num_workers)) free ports"
+  for ((i = 0; i < num_ps; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${ports[i]}"; done
+  for ((i = 0; i < num_workers; i++)); do worker_hosts+="${worker_hosts:+,}127.0.0.1:${ports[num_ps + i]}"; done
+  local common=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts" --log_dir="$log_dir")
+  if [[ -n ${TF_CONFIG:-} ]]; then
+    msg "ignoring TF_CONFIG: the local cluster is given by flags"
+    unset TF_CONFIG
+  fi
+
+  # The chief's command line, checked before any task starts (nothing loads TensorFlow): a mistake
+  # is one line from the trainer and exit 2, with no cluster started and no log dir left behind.
+  PS_TRAINER_CHECK_ONLY=1 "$PY" -m ps_trainer --job_name=worker --task_index=0 \
+    "${common[@]}" "${args[@]}" || status=$?
   if ((status)); then
     if ((made_log_dir)); then rmdir "$log_dir" 2>/dev/null || true; fi
     exit "$status"
   fi
   mkdir -p "$log_dir/logs" 2>/dev/null || DIE_STATUS=2 die "cannot create --log_dir=$log_dir/logs"
 
-  local ports ps_hosts="" worker_hosts=""
-  read -r -a ports < <(free_ports $((num_ps + num_workers)))
-  ((${#ports[@]} == num_ps + num_workers)) || die "could not pick $((num_ps + num_workers)) free ports"
-  for ((i = 0; i < num_ps; i++)); do ps_hosts+="${ps_hosts:+,}127.0.0.1:${ports[i]}"; done
-  for ((i = 0; i < num_workers; i++)); do worker_hosts+="${worker_hosts:+,}127.0.0.1:${ports[num_ps + i]}"; done
-
-  if [[ -n ${TF_CONFIG:-} ]]; then
-    msg "ignoring TF_CONFIG: the local cluster is given by flags"
-    unset TF_CONFIG
-  fi
-
   trap 'on_signal INT 130' INT
   trap 'on_signal TERM 143' TERM
   trap 'stop_tasks 2' EXIT   # also on an unexpected error: leave no task behind
-  local common=(--ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts" --log_dir="$log_dir")
   for ((i = 0; i < num_ps; i++)); do
     start_task "ps-$i" "$log_dir/logs/ps-$i.log" \
       "$PY" -m ps_trainer --job_name=ps --task_index="$i" "${common[@]}" "${args[@]}"
