@@ -178,16 +178,12 @@ def table(result: dict) -> str:
 
 
 def main(argv):
-  try:
-    values = trainer_args.parse(argv[1:], _OWNED, REFERENCE_WORK)
-  except trainer_args.ArgsError as e:
-    print(f"bench: error: {e}", file=sys.stderr)
-    return 2
   bench_dir = os.path.abspath(FLAGS.bench_dir or os.path.join(
       "runs", time.strftime("bench-%Y%m%d-%H%M%S")))
   try:
+    values = trainer_args.parse(argv[1:], _OWNED, REFERENCE_WORK)
     output_dir.prepare(bench_dir, "--bench_dir")
-  except output_dir.OutputDirError as e:
+  except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 2
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \

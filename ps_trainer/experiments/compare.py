@@ -60,15 +60,11 @@ def main(argv):
     print("compare: error: --out_dir is required: the directory for "
           "comparison.md/.json/.png and both runs", file=sys.stderr)
     return 2
-  try:
-    values = trainer_args.parse(argv[1:], _OWNED, {})
-  except trainer_args.ArgsError as e:
-    print(f"compare: error: {e}", file=sys.stderr)
-    return 2
   out_dir = os.path.abspath(FLAGS.out_dir)
   try:
+    values = trainer_args.parse(argv[1:], _OWNED, {})
     output_dir.prepare(out_dir, "--out_dir")
-  except output_dir.OutputDirError as e:
+  except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"compare: error: {e}", file=sys.stderr)
     return 2
   flags_list = [f"--{k}={v}" for k, v in values.items()]
