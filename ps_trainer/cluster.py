@@ -136,6 +136,16 @@ class ClusterInfo:
       return self.task_index + (1 if self.has_chief_job else 0)
     raise ClusterError(f"the {self.job_name} task is not a training replica")
 
+  def replica_name(self, replica: int) -> str:
+    """The task that is replica `replica` ("chief", "worker i"): the inverse
+    of `replica_index`. "replica i" in a sparse cluster, where a PS sees only
+    itself and cannot tell a chief job from none."""
+    if self.sparse:
+      return f"replica {replica}"
+    if self.has_chief_job:
+      return "chief" if replica == 0 else f"worker {replica - 1}"
+    return f"worker {replica}"
+
   @property
   def task_device(self) -> str:
     return f"/job:{self.job_name}/task:{self.task_index}"

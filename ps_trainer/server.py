@@ -279,16 +279,7 @@ def not_done_names(info: cluster_lib.ClusterInfo, flags: list,
   """
   addresses = info.replica_addresses()
   names = []
-  for replica, flag in enumerate(flags):
-    if flag:
-      continue
-    if info.sparse:
-      # A sparse PS sees only itself: it cannot tell a chief job from none.
-      name = f"replica {replica}"
-    elif info.has_chief_job:
-      name = "chief" if replica == 0 else f"worker {replica - 1}"
-    else:
-      name = f"worker {replica}"
+  for name in [info.replica_name(r) for r, flag in enumerate(flags) if not flag]:
     address = addresses.get(name)
     names.append(f"{name} at {address}" if address else name)
   more = f" and {len(names) - most} more" if len(names) > most else ""

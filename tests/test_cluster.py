@@ -144,6 +144,16 @@ class ParseTfConfigTest(absltest.TestCase):
     self.assertEqual(info.chief_device, "/job:chief/task:0")
     self.assertEqual(info.device_filters(), ["/job:ps", "/job:chief/task:0"])
 
+  def test_replica_name_is_the_inverse_of_replica_index(self):
+    # What a PS calls the replicas it still waits for must be the task that reads that shard.
+    for spec in ({"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
+                 {"worker": ["w0:1", "w1:1", "w2:1"], "ps": ["p:1"]}):
+      tasks = [(job, i) for job in ("chief", "worker") for i in range(len(spec.get(job, [])))]
+      for job, index in tasks:
+        info = cluster.parse_tf_config(_tf_config(spec, job, index))
+        self.assertEqual(info.replica_name(info.replica_index),
+                         "chief" if job == "chief" else f"worker {index}", (spec, job, index))
+
   def test_worker_0_follows_the_chief_job(self):
     info = cluster.parse_tf_config(KF_CHIEF_WORKER_0)
     self.assertFalse(info.is_chief)
