@@ -1,7 +1,8 @@
 """The cluster as one task sees it: built from host flags or TF_CONFIG.
 
 Pure Python: nothing here imports TensorFlow except `ClusterInfo.cluster_spec`,
-so every rule about hosts, roles and indices is testable in microseconds.
+so every rule about roles and indices is testable in microseconds. The rules
+about host:port text itself are in host_ports.py.
 
 Roles:
   * `ps` tasks hold the variables.
@@ -13,77 +14,17 @@ Roles:
 
 import dataclasses
 import json
-import re
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
+
+from ps_trainer import host_ports
+
+# The host:port checks raise it too; callers catch it as cluster.ClusterError.
+ClusterError = host_ports.ClusterError
 
 TRAINING_JOBS = ("chief", "worker", "ps")
 TASK_TYPES = ("chief", "worker", "ps", "evaluator")
 # Older TFJob manifests call the chief "master"; both mean the same replica.
 _ALIASES = {"master": "chief"}
-
-_HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):([0-9]+)")
-# One machine's own addresses: a server listening on one listens on them all.
-_LOOPBACK = re.compile(r"localhost|ip6-localhost|127(\.[0-9]+){3}|\[::1\]",
-                       re.IGNORECASE)
-
-
-class ClusterError(ValueError):
-  """A cluster description that cannot work. The message is one line."""
-
-
-def parse_hosts(flag: str, value: str) -> list:
-  """Splits a comma-separated host:port list and checks every entry.
-
-  Args:
-    flag: the flag name used in messages, e.g. "--ps_hosts".
-    value: the flag's value.
-
-  Returns:
-    The list of "host:port" strings (empty for an empty value).
-
-  Raises:
-    ClusterError: an empty entry (a host left out?), an entry without a
-      port, a port out of range, or a duplicate.
-  """
-  hosts = [h.strip() for h in value.split(",")] if value else []
-  if "" in hosts:
-    raise ClusterError(
-        f"{flag}={value}: entry {hosts.index('') + 1} of {len(hosts)} is "
-        "empty; list every task's host:port, separated by single commas")
-  for host in hosts:
-    check_address(flag, host)
-  _check_unique(flag, hosts)
-  return hosts
-
-
-def check_address(where: str, address: str) -> None:
-  """Raises ClusterError unless `address` is host:port with 1 <= port <= 65535."""
-  match = _HOST_PORT.fullmatch(address)
-  if not match:
-    raise ClusterError(
-        f"{where}: {address!r} is not host:port; expected e.g. 10.0.0.1:2222 "
-        "or ps-0.example:2222")
-  port = int(match.group(2))
-  if not 1 <= port <= 65535:
-    raise ClusterError(
-        f"{where}: port {port} in {address!r} is out of range; "
-        "accepted ports are 1-65535")
-
-
-def _check_unique(where: str, addresses: Sequence[str]) -> None:
-  """Two tasks on one host:port cannot both listen. A TF server listens on
-  every interface, so the loopback names (localhost, 127.0.0.1, ...) are one."""
-  seen = {}
-  for address in addresses:
-    host, _, port = address.rpartition(":")
-    key = ("loopback" if _LOOPBACK.fullmatch(host) else host.lower(), port)
-    if key in seen:
-      first = seen[key]
-      same = ("appears twice" if first == address else
-              f"and {first} are the same host:port")
-      raise ClusterError(f"{where}: {address} {same}; every task needs its "
-                         "own host:port")
-    seen[key] = address
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,8 +130,8 @@ class ClusterInfo:
 def from_flags(ps_hosts: str, worker_hosts: str, job_name: str,
                task_index: int) -> ClusterInfo:
   """Builds the cluster from --ps_hosts/--worker_hosts/--job_name/--task_index."""
-  ps = parse_hosts("--ps_hosts", ps_hosts)
-  workers = parse_hosts("--worker_hosts", worker_hosts)
+  ps = host_ports.parse_hosts("--ps_hosts", ps_hosts)
+  workers = host_ports.parse_hosts("--worker_hosts", worker_hosts)
   if job_name not in ("ps", "worker", "evaluator"):
     raise ClusterError(
         f"--job_name={job_name!r} is not a task type of a --ps_hosts/"
@@ -204,7 +145,7 @@ def from_flags(ps_hosts: str, worker_hosts: str, job_name: str,
     raise ClusterError(
         "--worker_hosts is empty; a cluster task needs at least one worker, "
         "e.g. --worker_hosts=10.0.0.2:2222,10.0.0.3:2222")
-  _check_unique("--ps_hosts/--worker_hosts", ps + workers)
+  host_ports.check_unique("--ps_hosts/--worker_hosts", ps + workers)
   # The evaluator is outside the cluster (no host of its own): the host
   # lists tell it only the job's shape.
   if job_name != "evaluator":
@@ -321,8 +262,8 @@ def _training_jobs(raw_cluster) -> dict:
   if "worker" not in jobs and "chief" not in jobs:
     raise ClusterError("TF_CONFIG field \"cluster\" has neither \"chief\" nor "
                        "\"worker\"; training needs at least one replica")
-  _check_unique("TF_CONFIG field \"cluster\"",
-                [a for tasks in jobs.values() for a in tasks.values()])
+  host_ports.check_unique("TF_CONFIG field \"cluster\"",
+                          [a for tasks in jobs.values() for a in tasks.values()])
   if "chief" in jobs and len(jobs["chief"]) != 1:
     raise ClusterError("TF_CONFIG field \"cluster.chief\" must list exactly one "
                        f"task; it lists {len(jobs['chief'])}")
@@ -373,7 +314,7 @@ def _job_tasks(job: str, tasks) -> dict:
   for address in result.values():
     if not isinstance(address, str):
       raise ClusterError(f"{where}: {address!r} is not a \"host:port\" string")
-    check_address(where, address)
+    host_ports.check_address(where, address)
   return result
 
 
@@ -418,10 +359,10 @@ def _check_flags_agree(info: ClusterInfo, ps_hosts: str, worker_hosts: str,
     clash("--task_index", task_index, f"task index {info.task_index}")
   if ps_hosts:
     listed = [info.jobs["ps"][i] for i in sorted(info.jobs["ps"])]
-    if parse_hosts("--ps_hosts", ps_hosts) != listed:
+    if host_ports.parse_hosts("--ps_hosts", ps_hosts) != listed:
       clash("--ps_hosts", ps_hosts, ",".join(listed))
   if worker_hosts:
     workers = info.jobs.get("worker", {})
     listed = [workers[i] for i in sorted(workers)]
-    if parse_hosts("--worker_hosts", worker_hosts) != listed:
+    if host_ports.parse_hosts("--worker_hosts", worker_hosts) != listed:
       clash("--worker_hosts", worker_hosts, ",".join(listed) or "no workers")
