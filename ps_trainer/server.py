@@ -219,9 +219,9 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
            straggler_note_secs: float = 30.0, clock=time.monotonic) -> int:
   """Runs a PS task until every replica is done; returns the exit status.
 
-  0 once every replica has said it is done. A PS never waits forever: if no
-  worker has answered for `wait_timeout_secs` (they crashed or were never
-  started), it gives up with status 1. After a stop request (`stop`, a
+  0 once every replica has said it is done. A PS never waits forever: if none
+  of the workers not yet done has answered for `wait_timeout_secs` (they
+  crashed or were never started), it gives up with status 1. After a stop request (`stop`, a
   stops.StopRequest) it stays only while workers still answer, at most the
   stop's grace period, so a stopping chief can still write its checkpoint.
   """
@@ -247,6 +247,7 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         note_gap = (straggler_note_secs if done != last
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = not_done_names(info, flags)
+        watch.forget_done(info, flags)
         print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
               f"done{'; waiting for ' + left if left else ''}", flush=True)
         last = done
@@ -305,6 +306,17 @@ class _WorkerWatch:
     self._last_probe = None
     self._answering = True
     self._next_note = self._last_answer + self._note_every
+
+  def forget_done(self, info: cluster_lib.ClusterInfo, flags: list) -> None:
+    """Stops probing the replicas whose done flag is set.
+
+    A done replica has saved and left, so whether it still answers says
+    nothing about the others: a chief exporting after it is done must not keep
+    the PS waiting for a worker that died, nor be named among those waited for.
+    """
+    done = {info.replica_name(r) for r, flag in enumerate(flags) if flag}
+    self._workers = {name: address for name, address in self._workers.items()
+                     if name not in done}
 
   def any_answering(self, now) -> bool:
     if not self._workers:

@@ -82,21 +82,62 @@ class PsLifecycleTest(tf.test.TestCase):
       ps.start()
       waits.wait_until(lambda: "waiting for 7 worker(s)" in output.getvalue(), "the PS", 60)
       # The chief says it is done, as its last act; the others never came.
-      graph = tf.Graph()
-      with graph.as_default():
-        flags = server_lib.done_flags(0, 7)
-        chief_done = tf.compat.v1.scatter_update(flags, [0], [1])
-      # Seeing the PS alone, as a worker would: the master waits for every task it sees.
-      only_ps = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
-      with tf.compat.v1.Session(f"grpc://127.0.0.1:{ps_port}", graph=graph,
-                                config=only_ps) as session:
-        session.run(chief_done)
+      self.say_done(ps_port, num_workers=7, replica=0)
       # At once, then again while nothing changes (after 0.5 s, then 1 s later, ...).
       waits.wait_until(lambda: output.getvalue().splitlines().count(waiting) >= 2,
                        "the PS to name the others twice", 60)
       stop.requested = True
       ps.join(timeout=60)
     self.assertEqual(statuses, [143], output.getvalue())
+
+  def test_a_done_worker_that_still_answers_does_not_keep_it_waiting(self):
+    ps_port, *worker_ports = testutil.pick_free_ports(3)
+    # Worker 0 stays up after it is done (a chief exporting); worker 1 never came.
+    chief = socket.socket()
+    chief.bind(("127.0.0.1", worker_ports[0]))
+    chief.listen()
+    self.addCleanup(chief.close)  # Ends the accepting thread too.
+    threading.Thread(target=self.accept_until_closed, args=(chief,), daemon=True).start()
+    info = cluster.from_flags(
+        f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
+    output = io.StringIO()
+    statuses = []
+    stop = FakeStop(grace_secs=1.0)
+    with contextlib.redirect_stdout(output):
+      ps = threading.Thread(target=lambda: statuses.append(server_lib.run_ps(
+          info, stop, wait_timeout_secs=2.0, poll_secs=0.05, probe_every_secs=0.1)),
+          daemon=True)
+      ps.start()
+      waits.wait_until(lambda: "waiting for 2 worker(s)" in output.getvalue(), "the PS", 60)
+      self.say_done(ps_port, num_workers=2, replica=0)
+      ps.join(timeout=30)
+      stop.requested = True  # Ends a PS that waits on anyway, so the test fails, not hangs.
+      ps.join(timeout=30)
+    lines = output.getvalue().splitlines()
+    self.assertEqual(statuses, [1], lines)
+    self.assertEqual(lines[-1], (
+        f"ps 0: giving up: no worker has answered for 2 s (worker 1 at 127.0.0.1:"
+        f"{worker_ports[1]}) and 1 of 2 said done (--wait_timeout_secs); exiting with status 1"))
+
+  @staticmethod
+  def accept_until_closed(listener: socket.socket) -> None:
+    while True:
+      try:
+        listener.accept()[0].close()
+      except OSError:
+        return
+
+  def say_done(self, ps_port: int, num_workers: int, replica: int) -> None:
+    """Sets one replica's done flag on PS 0, as that replica does when it leaves."""
+    graph = tf.Graph()
+    with graph.as_default():
+      flags = server_lib.done_flags(0, num_workers)
+      done = tf.compat.v1.scatter_update(flags, [replica], [1])
+    # Seeing the PS alone, as a worker would: the master waits for every task it sees.
+    only_ps = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
+    with tf.compat.v1.Session(f"grpc://127.0.0.1:{ps_port}", graph=graph,
+                              config=only_ps) as session:
+      session.run(done)
 
   def test_the_replicas_not_done_are_named_as_their_tasks(self):
     with_chief = cluster.parse_tf_config(json.dumps({
