@@ -34,9 +34,11 @@ def parse_hosts(flag: str, value: str) -> list:
   """
   hosts = [h.strip() for h in value.split(",")] if value else []
   if "" in hosts:
+    # The entries as read, not the raw value: one from a file may end in "\n".
     raise ClusterError(
-        f"{flag}={value}: entry {hosts.index('') + 1} of {len(hosts)} is "
-        "empty; list every task's host:port, separated by single commas")
+        f"{flag}={','.join(hosts)}: entry {hosts.index('') + 1} of "
+        f"{len(hosts)} is empty; list every task's host:port, separated by "
+        "single commas")
   for host in hosts:
     check_address(flag, host)
   check_unique(flag, hosts)

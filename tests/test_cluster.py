@@ -281,13 +281,17 @@ _ERRORS = (
     # An empty entry is a host left out, not a smaller cluster.
     ("only_commas_ps_hosts", cluster.from_flags,
      (" , ,", "w0:2222", "worker", 0), {},
-     r"^--ps_hosts= , ,: entry 1 of 3 is empty; list every task's host:port, separated by "
+     r"^--ps_hosts=,,: entry 1 of 3 is empty; list every task's host:port, separated by "
      r"single commas$"),
     ("double_comma_in_worker_hosts", cluster.from_flags,
      ("ps0:2222", "w0:2222,,w1:2222", "worker", 0), {},
      r"^--worker_hosts=w0:2222,,w1:2222: entry 2 of 3 is empty;"),
     ("trailing_comma_in_ps_hosts", cluster.from_flags,
      ("ps0:2222,", "w0:2222", "worker", 0), {},
+     r"^--ps_hosts=ps0:2222,: entry 2 of 2 is empty;"),
+    # Read from a file, say: the message stays one line.
+    ("trailing_comma_and_newline_in_ps_hosts", cluster.from_flags,
+     ("ps0:2222,\n", "w0:2222", "worker", 0), {},
      r"^--ps_hosts=ps0:2222,: entry 2 of 2 is empty;"),
     # A TF server listens on every interface: these are one port of one machine.
     ("loopback_aliases_across_ps_and_worker", cluster.from_flags,
@@ -448,39 +452,38 @@ _ERRORS = (
      r"^TF_CONFIG is not valid JSON"),
 )
 
-# Cases the code gets wrong today (see the report); each fails until fixed.
+# Bugs a review once found, each fixed; every case keeps its fix.
 _BUGS = (
-    # cluster.py:226-234: "master" is folded into "chief" by overwriting
-    # jobs["chief"], so a config that lists both silently loses one chief.
+    # "master" was folded into "chief" by overwriting jobs["chief"], so a
+    # config that listed both silently lost one chief.
     ("bug_chief_and_master_are_two_chiefs", cluster.parse_tf_config,
      (_tf_config(dict(_PS_WORKERS, chief=["c0:2222"], master=["m0:2222"]),
                  "chief"),), {},
      r"TF_CONFIG field \"cluster\" lists the chief job twice \(\"chief\" and \"master\""),
-    # cluster.py:260-265: a sparse worker's index is never checked against
-    # --num_workers; replica_index 5 of 2 replicas would read a shard that
-    # does not exist.
+    # A sparse worker's index was not checked against --num_workers;
+    # replica_index 5 of 2 replicas would read a shard that does not exist.
     ("bug_sparse_index_past_num_workers", cluster.parse_tf_config,
      (_tf_config({"ps": ["ps0:2222"], "worker": {"5": "w5:2222"}}, "worker", 5,
                  key="sparseCluster"),), {"num_workers": 2},
      r"(?=.*worker 5, replica 5)(?=.*--num_workers says has 2 replicas)"),
-    # cluster.py:259/271: a dense "cluster" may give a job as an {index:
-    # address} map; it is counted by its length, so worker 1 becomes replica 1
-    # of 1 replica.
+    # A dense "cluster" may give a job as an {index: address} map; it was
+    # counted by its length, so worker 1 became replica 1 of 1 replica.
     ("bug_dense_map_index_past_replicas", cluster.parse_tf_config,
      (_tf_config({"ps": ["ps0:2222"], "worker": {"1": "w1:2222"}}, "worker", 1),),
      {}, r"(?=.*worker 1, replica 1)(?=.*\"cluster\" says has 1 replicas)"),
-    # cluster.py:297: int("-1") is accepted as a sparse task index.
+    # int("-1") was accepted as a sparse task index.
     ("bug_sparse_negative_index", cluster.parse_tf_config,
      (_tf_config({"ps": ["ps0:2222"], "worker": {"-1": "w:2222"}}, "worker", -1,
                  key="sparseCluster"),), {"num_workers": 1},
      r"^TF_CONFIG field \"cluster\.worker\": task index '-1' .*(whole number|>= 0)"),
-    # cluster.py:24/53: `$` also matches before a trailing newline, so
-    # "ps0:2222\n" passes check_address and reaches the ClusterSpec.
+    # `$` also matches before a trailing newline, so "ps0:2222\n" passed the
+    # host:port check and reached the ClusterSpec (host_ports.py now uses
+    # fullmatch).
     ("bug_address_with_trailing_newline", cluster.parse_tf_config,
      (_tf_config({"ps": ["ps0:2222\n"], "worker": ["w0:2222"]}),), {},
      r"TF_CONFIG field \"cluster\.ps\": 'ps0:2222\\n' is not host:port"),
-    # cluster.py:342: the clash message embeds the raw flag value, so a value
-    # with a newline (e.g. read from a file) makes a two-line message.
+    # The clash message embedded the raw flag value, so a value with a
+    # newline (e.g. read from a file) made a two-line message.
     ("bug_clash_message_keeps_newline", cluster.resolve,
      ("ps9:2222\n", "", "", None, KF_WORKER_1), {},
      r"--ps_hosts=.*disagrees with TF_CONFIG"),
