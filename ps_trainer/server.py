@@ -219,9 +219,9 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
            straggler_note_secs: float = 30.0, clock=time.monotonic) -> int:
   """Runs a PS task until every replica is done; returns the exit status.
 
-  0 once every replica has said it is done. A PS never waits forever: if none
-  of the workers not yet done has answered for `wait_timeout_secs` (they
-  crashed or were never started), it gives up with status 1. After a stop request (`stop`, a
+  0 once every replica has said it is done. A PS never waits forever: if no
+  worker has answered for `wait_timeout_secs` (they crashed or were never
+  started), it gives up with status 1. After a stop request (`stop`, a
   stops.StopRequest) it stays only while workers still answer, at most the
   stop's grace period, so a stopping chief can still write its checkpoint.
   """
@@ -247,7 +247,7 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         note_gap = (straggler_note_secs if done != last
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = not_done_names(info, flags)
-        watch.forget_done(info, flags)
+        watch.note_done(info, flags)
         print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
               f"done{'; waiting for ' + left if left else ''}", flush=True)
         last = done
@@ -298,6 +298,7 @@ class _WorkerWatch:
                note_every_secs: Optional[float] = None):
     self._who = f"ps {info.task_index}"
     self._workers = {} if info.sparse else info.replica_addresses()
+    self._done = set()
     self._timeout = timeout_secs
     self._probe_every = probe_every_secs
     # Often enough to be seen before a short bound runs out.
@@ -307,16 +308,13 @@ class _WorkerWatch:
     self._answering = True
     self._next_note = self._last_answer + self._note_every
 
-  def forget_done(self, info: cluster_lib.ClusterInfo, flags: list) -> None:
-    """Stops probing the replicas whose done flag is set.
+  def note_done(self, info: cluster_lib.ClusterInfo, flags: list) -> None:
+    """Leaves the replicas whose done flag is set out of the names it gives.
 
-    A done replica has saved and left, so whether it still answers says
-    nothing about the others: a chief exporting after it is done must not keep
-    the PS waiting for a worker that died, nor be named among those waited for.
+    They are still probed: a replica stopped and started again trains on with
+    its flag set, so its answer still means the job is alive.
     """
-    done = {info.replica_name(r) for r, flag in enumerate(flags) if flag}
-    self._workers = {name: address for name, address in self._workers.items()
-                     if name not in done}
+    self._done = {info.replica_name(r) for r, flag in enumerate(flags) if flag}
 
   def any_answering(self, now) -> bool:
     if not self._workers:
@@ -339,4 +337,6 @@ class _WorkerWatch:
     return bool(self._workers) and now - self._last_answer >= self._timeout
 
   def describe(self) -> str:
-    return ", ".join(f"{name} at {a}" for name, a in self._workers.items())
+    """The workers not yet done, with their addresses."""
+    return ", ".join(f"{name} at {a}" for name, a in self._workers.items()
+                     if name not in self._done)

@@ -90,14 +90,15 @@ class PsLifecycleTest(tf.test.TestCase):
       ps.join(timeout=60)
     self.assertEqual(statuses, [143], output.getvalue())
 
-  def test_a_done_worker_that_still_answers_does_not_keep_it_waiting(self):
+  def test_a_done_worker_still_counts_as_answering_but_is_not_named(self):
     ps_port, *worker_ports = testutil.pick_free_ports(3)
-    # Worker 0 stays up after it is done (a chief exporting); worker 1 never came.
-    chief = socket.socket()
-    chief.bind(("127.0.0.1", worker_ports[0]))
-    chief.listen()
-    self.addCleanup(chief.close)  # Ends the accepting thread too.
-    threading.Thread(target=self.accept_until_closed, args=(chief,), daemon=True).start()
+    # Worker 0 said done yet answers: stopped and started again, it trains on
+    # with its flag still set. Worker 1 never came.
+    worker0 = socket.socket()
+    worker0.bind(("127.0.0.1", worker_ports[0]))
+    worker0.listen()
+    threading.Thread(target=self.accept_until_closed, args=(worker0,), daemon=True).start()
+    self.addCleanup(self.close_listener, worker0)
     info = cluster.from_flags(
         f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
     output = io.StringIO()
@@ -110,10 +111,14 @@ class PsLifecycleTest(tf.test.TestCase):
       ps.start()
       waits.wait_until(lambda: "waiting for 2 worker(s)" in output.getvalue(), "the PS", 60)
       self.say_done(ps_port, num_workers=2, replica=0)
+      time.sleep(4.0)  # Twice the bound.
+      stayed = ps.is_alive()
+      self.close_listener(worker0)
       ps.join(timeout=30)
       stop.requested = True  # Ends a PS that waits on anyway, so the test fails, not hangs.
       ps.join(timeout=30)
     lines = output.getvalue().splitlines()
+    self.assertTrue(stayed, lines)
     self.assertEqual(statuses, [1], lines)
     self.assertEqual(lines[-1], (
         f"ps 0: giving up: no worker has answered for 2 s (worker 1 at 127.0.0.1:"
@@ -126,6 +131,16 @@ class PsLifecycleTest(tf.test.TestCase):
         listener.accept()[0].close()
       except OSError:
         return
+
+  @staticmethod
+  def close_listener(listener: socket.socket) -> None:
+    """Refuses connections from now on; close() alone leaves accept() blocked
+    and the port open."""
+    try:
+      listener.shutdown(socket.SHUT_RDWR)
+    except OSError:  # Already shut.
+      pass
+    listener.close()
 
   def say_done(self, ps_port: int, num_workers: int, replica: int) -> None:
     """Sets one replica's done flag on PS 0, as that replica does when it leaves."""
