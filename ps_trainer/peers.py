@@ -32,7 +32,8 @@ class Peers:
     self._timeout = cfg.train.wait_timeout_secs
 
   def wait(self) -> None:
-    """Before each session: waits, saying so, for the PS tasks, then the chief.
+    """Before each session: waits, saying so, for the PS tasks, then the chief,
+    then tells the PS tasks this replica trains (server.clear_done).
 
     Raises:
       run_signature.MismatchError: this worker's training flags differ from
@@ -46,6 +47,8 @@ class Peers:
                              stop=self._stop, note_at_once=True)
     if not self._info.is_chief:
       self._wait_for_chief()
+    # After a stop and a restart this replica's done flag is still set.
+    server_lib.clear_done(self._target, self._info)
 
   def _wait_for_chief(self) -> None:
     """MonitoredTrainingSession would wait too, but checks only every 30 s,

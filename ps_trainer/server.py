@@ -97,8 +97,9 @@ def _warn_if_exposed(info: cluster_lib.ClusterInfo) -> None:
 def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
   """PS `ps_index`'s done flags, one per replica. Every task creates them alike.
 
-  Flags, not a count: a replica that stops, restarts and finishes again is
-  still one replica done. In no collection: neither checkpointed nor
+  Flags, not a count: a replica sets its own when it leaves and clears it
+  before each of its sessions, so one that stops, starts again and finishes
+  is one replica done, and not done while it trains. In no collection: neither checkpointed nor
   initialized by the chief; the PS sets them to zero when it starts.
   """
   with tf.device(f"/job:ps/task:{ps_index}"):
@@ -140,25 +141,44 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
                 "done: not answering")
   if not answering:
     return
+  try:
+    _set_own_flags(target, info, answering, 1, timeout_secs)
+  except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+          tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
+    # A PS that went down since; it gives up on its own if need be.
+    errors.warn("could not tell every PS that this worker is done: "
+                + errors.first_line(str(e)))
+
+
+def clear_done(target: str, info: cluster_lib.ClusterInfo,
+               timeout_secs: float = 30.0) -> None:
+  """Tells every PS that this replica trains, before each of its sessions.
+
+  A replica that was stopped said it was done. Started again with the same
+  command, it would still count as done: the PS tasks would leave once the
+  others are done, in the middle of its training, and a sync chief ending its
+  run would stop releasing it. The PS tasks were just waited for; one that
+  has gone since raises UnavailableError, on which the session is retried.
+  """
+  _set_own_flags(target, info, sorted(info.jobs["ps"]), 0, timeout_secs)
+
+
+def _set_own_flags(target: str, info: cluster_lib.ClusterInfo,
+                   ps_indices: list, value: int, timeout_secs: float) -> None:
+  """Sets this replica's done flag to `value` on the PS tasks `ps_indices`."""
   graph = tf.Graph()
   with graph.as_default():
-    signal = tf.group(*[
+    update = tf.group(*[
         tf.compat.v1.scatter_update(done_flags(i, info.num_workers),
-                                    [info.replica_index], [1])
-        for i in answering])
+                                    [info.replica_index], [value])
+        for i in ps_indices])
   config = session_config(info)
   del config.device_filters[:]
   config.device_filters.extend(
-      [f"/job:ps/task:{i}" for i in answering] + [info.task_device])
+      [f"/job:ps/task:{i}" for i in ps_indices] + [info.task_device])
   options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
   with tf.compat.v1.Session(target, graph=graph, config=config) as session:
-    try:
-      session.run(signal, options=options)
-    except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-            tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
-      # A PS that went down since; it gives up on its own if need be.
-      errors.warn("could not tell every PS that this worker is done: "
-                  + errors.first_line(str(e)))
+    session.run(update, options=options)
 
 
 def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float,

@@ -1,4 +1,5 @@
-"""A replica that leaves tells every PS that answers it is done, and never waits for one that doesn't.
+"""A replica that leaves tells every PS that answers it is done, and never waits for one that doesn't;
+one that starts again is not done until it says so again.
 
 In-process servers: a worker, and PS tasks of which some were never started.
 """
@@ -54,11 +55,31 @@ class DoneSignalsTest(absltest.TestCase):
     self.assertIn(f"ps_trainer: warning: could not tell ps 1 at 127.0.0.1:{ps1_port} that",
                   warnings)
     self.assertNotIn("ps 0", warnings)
+    self.assertEqual(self._flags(ps0_target, ps0, 1), [1])  # PS 0 can finish without ps 1.
+
+  def test_a_replica_started_again_is_not_done_until_it_says_so_again(self):
+    ps_port, *worker_ports = testutil.pick_free_ports(3)
+    hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
+    ps = cluster.from_flags(*hosts, "ps", 0)
+    ps_target = server_lib.start_server(ps).target
+    server_lib.init_done_flags(ps_target, ps)
+    worker1 = cluster.from_flags(*hosts, "worker", 1)
+    worker1_target = server_lib.start_server(worker1).target
+
+    server_lib.signal_done(worker1_target, worker1, timeout_secs=5)  # Stopped by a SIGTERM.
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
+    server_lib.clear_done(worker1_target, worker1)  # Started again, before its session.
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, 0])
+    server_lib.signal_done(worker1_target, worker1, timeout_secs=5)  # Finished.
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
+
+  def _flags(self, ps_target: str, ps: cluster.ClusterInfo, num_workers: int) -> list:
+    """PS 0's done flags, read as the PS reads them."""
     graph = tf.Graph()
     with graph.as_default():
-      flags = server_lib.done_flags(0, 1)
-    with tf.compat.v1.Session(ps0_target, graph=graph, config=server_lib.session_config(ps0)) as s:
-      self.assertEqual(list(s.run(flags.read_value())), [1])  # PS 0 can finish without ps 1.
+      flags = server_lib.done_flags(0, num_workers)
+    with tf.compat.v1.Session(ps_target, graph=graph, config=server_lib.session_config(ps)) as s:
+      return [int(f) for f in s.run(flags.read_value())]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ down; in async mode the surviving worker trains on, so --train_steps leaves it e
 be training when the victim is back. After a chief kill in async mode worker 1 may finish the whole
 job alone; the restarted chief must still exit 0 and write result.json.
 
+And a sync worker 1 stopped with SIGTERM rather than killed: it says it is done as it leaves, and
+once started again it must count as not done (the PS waits for it, and it tells the PS at its end).
+
 And more: sync with 2 PS, one of them killed and restarted (the survivor's accumulators stand ahead
 of the restored checkpoint); and a sync worker lost for good (the chief names it; SIGTERM to the
 blocked chief ends its step and the run with a final checkpoint within seconds, and a chief left
@@ -168,8 +171,8 @@ class FaultyCluster(watch.TaskWatch):
     steps = self.step_lines(name)
     return steps[-1].step if steps else None
 
-  def kill(self, name: str) -> None:
-    """SIGKILL to name's process group; waits (bounded) until it is gone."""
+  def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    """`sig` to name's process group; waits (bounded) until it is gone."""
     self.poll()
     proc = self.procs[name]
     # Before the signal: a fast survivor may print its reaction ("lost the session") while the
@@ -179,8 +182,10 @@ class FaultyCluster(watch.TaskWatch):
         self.kill_offsets[other] = os.path.getsize(self.log_path(other))
       except OSError:
         self.kill_offsets[other] = 0
-    proc.signal_group(signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    proc.signal_group(sig)
+    # A stopped task may take its 20 s grace.
+    bound_secs = 10 if sig == signal.SIGKILL else 30
+    deadline = time.monotonic() + bound_secs
     while testutil.group_alive(proc.pid) and time.monotonic() < deadline:
       time.sleep(0.05)
     try:
@@ -188,9 +193,10 @@ class FaultyCluster(watch.TaskWatch):
     except subprocess.TimeoutExpired:
       status = None
     self.killed[name] = (proc, status)
-    self.note(f"{name} KILLED (SIGKILL to its process group; exit status {status})")
+    sig_name = signal.Signals(sig).name
+    self.note(f"{name} KILLED ({sig_name} to its process group; exit status {status})")
     if status is None:
-      self.fail(f"{name} still runs 10 s after SIGKILL")
+      self.fail(f"{name} still runs {bound_secs} s after {sig_name}")
 
   def restart(self, name: str) -> None:
     """Starts name again with the same command, its output appended to its log."""
@@ -243,6 +249,24 @@ class FaultsTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*CASES)
   def test_kill9_and_restart(self, victim: str, sync: bool, train_steps: int):
+    self.kill_and_restart(victim, sync, train_steps, signal.SIGKILL)
+
+  def test_a_sync_worker_stopped_and_started_again(self):
+    """A stopped worker says it is done; started again it trains, so it is not done any more:
+    the PS must wait for it, and it must be able to tell the PS when it finishes."""
+    cluster = self.kill_and_restart("worker-1", True, 600, signal.SIGTERM)
+    self.assertEqual(cluster.killed["worker-1"][1], 143, cluster.report("worker 1's stop"))
+    ps_after = cluster.text_after_kill("ps-0")
+    self.assertIn("ps 0: 1 of 2 worker(s) done; waiting for worker 0", ps_after,
+                  cluster.report("the PS did not count the stopped worker 1 as done"))
+    self.assertIn("ps 0: 0 of 2 worker(s) done; waiting for worker 0", ps_after,
+                  cluster.report("the PS still counted the restarted worker 1 as done"))
+    self.assertNotIn("could not tell", cluster.text_after_kill("worker-1"),
+                     cluster.report("worker 1 could not say it was done at its end"))
+
+  def kill_and_restart(self, victim: str, sync: bool, train_steps: int,
+                       sig: int) -> FaultyCluster:
+    """Kills `victim` with `sig` mid-run, restarts it and checks the job."""
     log_dir = testutil.make_tempdir(self)
     flags = [f"--train_steps={train_steps}", "--log_every_steps=50",
              "--save_checkpoints_secs=1", f"--wait_timeout_secs={WAIT_TIMEOUT_SECS}"]
@@ -257,7 +281,7 @@ class FaultsTest(parameterized.TestCase):
     cluster.wait_until(ready_to_kill, f"chief progress line at global step {KILL_AT_STEP} or "
                        "later with a checkpoint past step 0", START_TIMEOUT_SECS)
     last_before = {name: cluster.last_step(name) for name in WORKERS}
-    cluster.kill(victim)
+    cluster.kill(victim, sig)
     checkpoint_at_kill = newest_checkpoint_step(log_dir)
     cluster.note(f"newest checkpoint at the kill: step {checkpoint_at_kill}; last logged global "
                  f"steps: chief {last_before[CHIEF]}, worker 1 {last_before['worker-1']}")
@@ -282,6 +306,7 @@ class FaultsTest(parameterized.TestCase):
     print(f"{self.id()}: global step {result['global_step']}, test accuracy "
           f"{result['accuracy']:.4f}, checkpoint at the kill {checkpoint_at_kill}\n"
           f"{cluster.timeline()}")
+    return cluster
 
   def check_steps(self, cluster: FaultyCluster, victim: str, checkpoint_at_kill: int,
                   checkpoint_at_restart: Optional[int], summary: str) -> None:
