@@ -116,6 +116,10 @@ on_signal() {  # name exit-status
   trap - INT TERM
   msg "got SIG$1: stopping $(running_tasks) (the chief writes a final checkpoint first)"
   stop_tasks "$STOP_GRACE_SECS"
+  # Ctrl-C also ended the tail showing the chief's log: repeat its word on where to continue.
+  if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]]; then
+    this_run_log "$CHIEF" | grep -a "final checkpoint" | tail -n 1 || true
+  fi
   exit "$2"
 }
 
@@ -229,7 +233,7 @@ run_local() {
       "$PY" -m ps_trainer --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
   fi
   msg "local cluster: ps $ps_hosts; workers $worker_hosts (worker-0 is the chief, its log follows); logs in $log_dir/logs/"
-  tail -n +1 -f --pid="${TASK_PIDS[CHIEF]}" "${TASK_LOGS[CHIEF]}" &
+  tail -c +"$((TASK_STARTS[CHIEF] + 1))" -f --pid="${TASK_PIDS[CHIEF]}" "${TASK_LOGS[CHIEF]}" &
   TAIL_PID=$!
 
   wait_for_chief

@@ -272,6 +272,25 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertEqual(status, 143)
     self._assert_final_checkpoint(log_dir, "SIGTERM")
     self.assertEqual(namespaces, {os.readlink("/proc/self/ns/net")})
+    # Its stop ended the tail showing the chief's log; where to continue from is said last.
+    launcher_lines = _read(os.path.join(log_dir, "launch.out")).splitlines()
+    self.assertRegex(launcher_lines[-1], r"^chief: stopped on SIGTERM; final checkpoint \S+; the "
+                     "same command continues from it$")
+
+    # The same log dir again: each task's log keeps the stopped run's lines above the new ones,
+    # and the launcher shows only the new run's.
+    again = testutil.start([testutil.LAUNCH_SH, "local", f"--log_dir={log_dir}",
+                            "--train_steps=1", "--sync_replicas", "--no_isolate"],
+                           os.path.join(log_dir, "launch-again.out"), name="launch.sh again")
+    self.addCleanup(again.kill_group)
+    self.assertEqual(again.wait(timeout=CLUSTER_TIMEOUT_SECS), 0, again.log_tail(60))
+    chief_log = _read(os.path.join(log_dir, "logs", "worker-0.log"))
+    stopped = chief_log.index("chief: stopped on SIGTERM")
+    restarted = chief_log.index("----- launch.sh: worker-0 started again, ")
+    self.assertLess(stopped, restarted)
+    self.assertIn("chief: starting at global step ", chief_log[restarted:])
+    self.assertNotIn("stopped on SIGTERM", again.read_log())
+    self.assertIn("chief: starting at global step ", again.read_log())
 
 
 if __name__ == "__main__":

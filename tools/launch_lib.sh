@@ -124,7 +124,9 @@ bootstrap() {
 
 # ---- tasks of a local cluster -------------------------------------------------------------------
 # Parallel arrays, one entry per task started by this launcher; TASK_DONE[i] is set once reaped.
-TASK_NAMES=() TASK_PIDS=() TASK_LOGS=() TASK_DONE=() TASK_STATUS=()
+# TASK_STARTS[i]: the byte of its log where this run's output begins (a log dir used again keeps
+# the earlier runs' output above it).
+TASK_NAMES=() TASK_PIDS=() TASK_LOGS=() TASK_STARTS=() TASK_DONE=() TASK_STATUS=()
 TAIL_PID=""
 
 # PDEATHSIG: if the launcher itself is SIGKILLed (no trap can run), the kernel still TERMs its tasks.
@@ -132,12 +134,23 @@ PDEATH=()
 if setpriv --help 2>/dev/null | grep -q -- --pdeathsig; then PDEATH=(setpriv --pdeathsig TERM --); fi
 
 # Start one task in the background, stdout+stderr to its log, stdin from /dev/null.
+# A log dir used again (a stopped run continued) appends: the stopped run's log is kept above.
 start_task() {  # name log cmd...
-  local name=$1 log=$2
+  local name=$1 log=$2 start=0
   shift 2
-  : >"$log"   # exists now, before the fork opens it: `tail -f` may start on it at once
+  if [[ -s $log ]]; then
+    printf '\n----- launch.sh: %s started again, %s -----\n' "$name" "$(date '+%F %T')" >>"$log"
+    start=$(stat -c %s "$log")
+  fi
+  : >>"$log"   # exists now, before the fork opens it: `tail -f` may start on it at once
   "${PDEATH[@]}" "$@" </dev/null >>"$log" 2>&1 &
-  TASK_NAMES+=("$name") TASK_PIDS+=("$!") TASK_LOGS+=("$log") TASK_DONE+=("") TASK_STATUS+=("")
+  TASK_NAMES+=("$name") TASK_PIDS+=("$!") TASK_LOGS+=("$log") TASK_STARTS+=("$start")
+  TASK_DONE+=("") TASK_STATUS+=("")
+}
+
+# What task $1 wrote in this run (its log from TASK_STARTS on).
+this_run_log() {
+  tail -c +"$((TASK_STARTS[$1] + 1))" "${TASK_LOGS[$1]}"
 }
 
 # True while pid is a live (non-zombie) child of this shell. Checking the parent guards against
