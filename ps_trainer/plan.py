@@ -50,8 +50,8 @@ def step_bytes(tg: train_graph.TrainGraph, cfg: config_lib.Config,
   factors: --factored_gradients), at --wire_dtype, packed and padded: the
   bytes of the packed tensors the graph moves (packing.py). A partitioned
   table moves only the rows the batch looks up, each with its id: at most
-  batch_size x ids per example rows (fewer when ids repeat), float32 either
-  way.
+  batch_size x ids per example rows (fewer when ids repeat), and no more than
+  the table has, float32 either way.
   """
   with tg.graph.as_default():
     trainable = tf.compat.v1.trainable_variables()
@@ -59,20 +59,24 @@ def step_bytes(tg: train_graph.TrainGraph, cfg: config_lib.Config,
         sum(t.shape.num_elements() * t.dtype.size
             for t in tf.compat.v1.get_collection(packs))
         for packs in (packing.READ_PACKS, packing.GRADIENT_PACKS))
-  tables = collections.OrderedDict()  # Table name -> bytes of one row.
+  tables = collections.OrderedDict()  # Table name -> (rows, bytes of one row).
   for v in trainable:
     if placement.is_table_part(v):
-      full_name = v._get_save_slice_info().full_name  # pylint: disable=protected-access
-      tables[full_name] = int(np.prod(v.shape.as_list()[1:])) * 4
+      info = v._get_save_slice_info()  # pylint: disable=protected-access
+      tables[info.full_name] = (info.full_shape[0],
+                                int(np.prod(v.shape.as_list()[1:])) * 4)
   ids = dataset.records.mean_ids_per_example if dataset.records else 0.0
-  rows = cfg.data.batch_size * ids
-  row_bytes = sum(tables.values())
+  # A batch cannot look up more rows than a table has.
+  rows = {name: min(cfg.data.batch_size * ids, table_rows)
+          for name, (table_rows, _) in tables.items()}
+  sparse = sum(rows[name] * (row_bytes + _ID_BYTES)
+               for name, (_, row_bytes) in tables.items())
   detail = {
       "dense_read": dense_read,
       "dense_gradient": dense_gradient,
-      "sparse_read": rows * (row_bytes + _ID_BYTES * len(tables)),
-      "sparse_gradient": rows * (row_bytes + _ID_BYTES * len(tables)),
-      "rows_per_table": rows,
+      "sparse_read": sparse,
+      "sparse_gradient": sparse,
+      "rows_per_table": max(rows.values(), default=0.0),
   }
   detail["total"] = sum(value for key, value in detail.items()
                         if key != "rows_per_table")
@@ -144,5 +148,6 @@ def to_text(plan: dict) -> str:
     lines[-1] += (f", table rows {_size(d['sparse_read'] + d['sparse_gradient'])}"
                   f" (at most {d['rows_per_table']:.0f} rows per table: "
                   f"batch {plan['batch_size']} x the mean ids per example in "
-                  "the data; repeated ids move once)")
+                  "the data, or the table's rows if fewer; repeated ids move "
+                  "once)")
   return "\n".join(lines)

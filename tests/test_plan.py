@@ -128,6 +128,17 @@ class PlanTest(absltest.TestCase):
     self.assertAlmostEqual(detail["sparse_read"], rows * ((8 + 1) * 4 + 16))
     self.assertLess(detail["sparse_read"], 1000 * 9 * 4)
 
+  def test_a_batch_moves_no_more_rows_than_a_table_has(self):
+    argv = _CLICK_FLAGS + (f"--data_dir={self.data_dir}", "--batch_size=32",
+                           "--vocab_size=4")
+    dataset = data.load("tfrecord", self.data_dir)
+    self.assertGreater(32 * dataset.records.mean_ids_per_example, 4)
+    result = plan.make(_cfg(argv, 2, 1), dataset)
+    detail = result["bytes_per_step_detail"]
+    self.assertEqual(detail["rows_per_table"], 4)
+    self.assertEqual(detail["sparse_read"], 4 * ((8 + 1) * 4 + 16))
+    self.assertIn("(at most 4 rows per table:", plan.to_text(result))
+
 
 if __name__ == "__main__":
   absltest.main()
