@@ -17,6 +17,8 @@ import yaml
 import testutil
 
 MANIFEST = os.path.join(testutil.REPO_ROOT, "deploy", "kubernetes", "tfjob.yaml")
+DOCKERFILE = os.path.join(testutil.REPO_ROOT, "deploy", "kubernetes", "Dockerfile")
+DOCKERIGNORE = os.path.join(testutil.REPO_ROOT, ".dockerignore")
 REPLICA_TYPES = ("Chief", "PS", "Worker", "Evaluator")
 TIMEOUT_SECS = 300
 _CLUSTER_FLAGS = re.compile(r"^--(ps_hosts|worker_hosts|job_name|task_index)=")
@@ -53,6 +55,18 @@ def operator_tf_configs(tfjob, namespace="default"):
                                "task": {"type": rtype.lower(), "index": i},
                                "environment": "cloud"}
           for rtype, spec in specs.items() for i in range(spec["replicas"])}
+
+
+class ImageTest(absltest.TestCase):
+
+  def test_the_build_context_is_what_the_dockerfile_copies(self):
+    """The README's `docker build ... .` would otherwise send .venv, data/ and runs/."""
+    with open(DOCKERFILE, encoding="utf-8") as f:
+      copied = {line.split()[1] for line in f if line.startswith("COPY ")}
+    with open(DOCKERIGNORE, encoding="utf-8") as f:
+      rules = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    self.assertEqual(rules[0], "*")  # Everything out, then each copied path back in.
+    self.assertEqual({rule[1:] for rule in rules if rule.startswith("!")}, copied)
 
 
 class ManifestTest(absltest.TestCase):
