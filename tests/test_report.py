@@ -105,6 +105,35 @@ class StepRecordHookTest(absltest.TestCase):
         {"time": 10.0, "loss": 0.5, "step": 4, "staleness": 3},
         {"time": 11.0, "loss": 0.5, "step": 8, "staleness": 3}])
 
+  def test_lines_reach_the_file_within_a_second_while_it_is_open(self):
+    # What a SIGKILL'ed worker leaves: the file as it is on disk, unclosed.
+    path = os.path.join(testutil.make_tempdir(self), "steps", "worker-0.jsonl")
+    now = [1000.0]
+    hook = step_record.StepRecordHook(path, tf.constant(0.5), tf.constant(0),
+                                      clock=lambda: now[0])
+    hook.after_create_session(None, None)
+    self.addCleanup(hook.close)
+
+    def step(read_step, secs):
+      now[0] += secs
+      hook.after_run(None, tf.compat.v1.train.SessionRunValues(
+          results={"loss": 0.5, "read_step": read_step}, options=None,
+          run_metadata=None))
+
+    def steps_on_disk():
+      with open(path) as f:
+        return [json.loads(line)["step"] for line in f]
+
+    step(0, 0.0)
+    self.assertEqual(steps_on_disk(), [1])  # The first line: the file shows a start.
+    for read_step in range(1, 50):
+      step(read_step, 0.01)
+    self.assertEqual(steps_on_disk(), [1])  # 0.49 s: still buffered, no flush per line.
+    step(50, 0.6)
+    self.assertEqual(steps_on_disk(), list(range(1, 52)))  # 1.09 s since the flush.
+    step(51, -60.0)  # The clock set back: flushed, not held until it catches up.
+    self.assertEqual(steps_on_disk(), list(range(1, 53)))
+
 
 if __name__ == "__main__":
   absltest.main()
