@@ -3,7 +3,9 @@
 The --dataset=tfrecord --data_dir=DIR input: DIR holds train* files (training)
 and test* files (held out), each an uncompressed TFRecord file of
 tf.train.Example records with the features
-  ids    int64 list of any length, possibly empty: sparse categorical ids;
+  ids    int64 list of any length, possibly empty: sparse categorical ids,
+         each >= 0 (the served model pads rows with -1 and drops negative
+         ids: a negative id would be trained on but ignored in serving);
   label  int64, one value, 0 or 1: the click;
   dense  float list of the same length D in every record; optional (absent
          from every record: D = 0).
@@ -107,6 +109,11 @@ class _SchemaCheck:
     if label[0] not in (0, 1):
       return (f"{where}: label is {label[0]}; expected 0 or 1 (a binary "
               f"click) {_CONTEXT}")
+    ids = features["ids"].int64_list.value
+    if ids and min(ids) < 0:
+      at = next(i for i, v in enumerate(ids) if v < 0)
+      return (f"{where}: ids[{at}] is {ids[at]}; expected ids >= 0 (the served "
+              f"model drops negative ids) {_CONTEXT}")
     dense = (len(features["dense"].float_list.value) if "dense" in features
              else 0)
     if self.dense_dim is None:
@@ -116,7 +123,7 @@ class _SchemaCheck:
               f"{self.dense_dim}; dense must have the same length in every "
               f"record (or be absent from all) {_CONTEXT}")
     self.records += 1
-    self.ids += len(features["ids"].int64_list.value)
+    self.ids += len(ids)
     return None
 
 
@@ -216,8 +223,8 @@ def inspect(data_dir: str) -> RecordSet:
     DataError: data_dir unset or missing; no train* or test* files; a file
       that cannot be read or is corrupt; a record that is not a
       tf.train.Example, lacks ids or label, has a feature of the wrong type, a
-      label other than 0 or 1, or a dense length different from another
-      record's; a split without records.
+      label other than 0 or 1, a negative id, or a dense length different
+      from another record's; a split without records.
   """
   train_files, test_files = _list_files(data_dir)
   check = _SchemaCheck()
@@ -250,8 +257,8 @@ def find_bad_record(files, dense_dim: Optional[int] = None) -> Optional[str]:
   Returns:
     A one-line message naming the first bad file and record (corrupt or
     truncated, not a tf.train.Example, a missing or mistyped feature, a
-    label other than 0 or 1, a dense length that differs), or None when
-    every record is fine.
+    label other than 0 or 1, a negative id, a dense length that differs), or
+    None when every record is fine.
   """
   check = _SchemaCheck(dense_dim)
   for path in files:

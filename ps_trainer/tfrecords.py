@@ -50,13 +50,19 @@ def _parse(serialized, dense_dim):
     spec["dense"] = tf.io.FixedLenFeature([dense_dim], tf.float32)
   parsed = tf.io.parse_example(serialized, spec)
   labels = parsed["label"]
+  ids = parsed["ids"]
   # inspect saw only the first records of each file; a label the model's
-  # loss cannot take must still fail with a message that says what to do.
+  # loss cannot take, or an id that serving would drop, must still fail with
+  # a message that says what to do.
   is_binary = tf.reduce_all(tf.logical_or(tf.equal(labels, 0),
                                           tf.equal(labels, 1)))
-  with tf.control_dependencies([tf.debugging.Assert(is_binary, [
-      "--dataset=tfrecord: a label is not 0 or 1; "
-      "ps_trainer.record_checks.find_bad_record(files) names the record"])]):
+  ids_whole = tf.reduce_all(tf.greater_equal(ids.values, 0))
+  names_it = "ps_trainer.record_checks.find_bad_record(files) names the record"
+  with tf.control_dependencies([
+      tf.debugging.Assert(is_binary, [
+          f"--dataset=tfrecord: a label is not 0 or 1; {names_it}"]),
+      tf.debugging.Assert(ids_whole, [
+          f"--dataset=tfrecord: an id is negative; {names_it}"])]):
     labels = tf.identity(labels)
   if dense_dim:
     dense = parsed["dense"]
@@ -64,7 +70,6 @@ def _parse(serialized, dense_dim):
     # [batch, 0], so a model's concat of embeddings and dense still works.
     dense = tf.zeros(tf.stack([tf.shape(labels)[0], 0]), tf.float32)
     dense.set_shape([labels.shape[0], 0])
-  ids = parsed["ids"]
   ids.set_shape([labels.shape[0], None])  # parse_example leaves [None, None]
   return {"ids": ids, "dense": dense}, labels
 

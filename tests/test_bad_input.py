@@ -83,6 +83,15 @@ def _click_dir_without_train(test, tmp):
   return {}
 
 
+def _click_dir_with_negative_id(test, tmp):
+  """{file}: a train file of {tmp}/clicks whose record 2 has the id -4."""
+  _click_dir(test, tmp)
+  from ps_trainer import record_checks  # pylint: disable=g-import-not-at-top
+  path = os.path.join(tmp, "clicks", "train-00000-of-00002.tfrecord")
+  record_checks.write_examples(path, [[1, 2], [5], [3, -4, 7]], [[0.5, 1.0]] * 3, [0, 1, 1])
+  return {"file": path}
+
+
 def _port_in_use(test, tmp):
   del tmp
   # Held like a server holds it: every interface, listening, for the whole case.
@@ -219,6 +228,11 @@ _CASES = (
     ("tfrecord_without_train_files", _click_dir_without_train,
      ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks", _SHORT], {},
      ["--data_dir={tmp}/clicks", "train"]),
+    # The served model drops negative ids (-1 pads its rows): training on them would not fail.
+    ("tfrecord_negative_id", _click_dir_with_negative_id,
+     ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks", _SHORT], {},
+     ["{file}: record 2: ids[1] is -4; expected ids >= 0 (the served model drops negative ids) "
+      "(--dataset=tfrecord)"]),
     # A data flag that the data set ignores: the run would train on something else and exit 0.
     ("data_path_without_dataset_npz", None, ["--data_path={tmp}/x.npz", _SHORT], {},
      ["--data_path={tmp}/x.npz", "--dataset=digits does not read it", "only --dataset=npz"]),

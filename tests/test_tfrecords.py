@@ -208,6 +208,9 @@ class InspectTest(parameterized.TestCase):
        r"record 1: label is 2; expected 0 or 1 \(a binary click\)"),
       ("two_labels", dict(good, label=("int64", [0, 1])),
        r"record 1: label has 2 values; expected one, 0 or 1"),
+      ("negative_id", dict(good, ids=("int64", [3, -4, 7])),
+       r"record 1: ids\[1\] is -4; expected ids >= 0 \(the served model drops "
+       r"negative ids\) \(--dataset=tfrecord\)$"),
       ("dense_length", dict(good, dense=("float", [1.0, 2.0])),
        r"record 1: dense has 2 values but .*train-0\.tfrecord: record 0 has "
        r"3; dense must have the same length in every record"),
@@ -280,24 +283,28 @@ class FindBadRecordTest(absltest.TestCase):
     self.assertRegex(record_checks.find_bad_record(paths[1:], 4),
                      r"record 0: dense has 3 values but the data set has 4")
 
-  def test_pipeline_stops_on_a_bad_label_past_the_inspected_records(self):
-    directory = testutil.make_tempdir(self)
-    _write_set(directory, train_sizes=(3,), dense_dim=0)
-    train = os.path.join(directory, "train-0.tfrecord")
-    good = _example(ids=("int64", [1]), label=("int64", [0]))
-    _write_raw(train, [good] * 150 + [_example(ids=("int64", []),
-                                               label=("int64", [7]))])
-    records = record_checks.inspect(directory)  # the first 100 are fine
-    self.assertEqual(records.dense_dim, 0)
-    self.assertRegex(record_checks.find_bad_record(records.train_files),
-                     rf"^{re.escape(train)}: record 150: label is 7")
-    with tf.Graph().as_default():
-      _, labels = tf.compat.v1.data.make_one_shot_iterator(
-          tfrecords.train_dataset(records, 151, 1, 0, 0)).get_next()
-      with tf.compat.v1.Session() as sess:
-        with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                    r"a label is not 0 or 1"):
-          sess.run(labels)
+  def test_pipeline_stops_on_a_bad_record_past_the_inspected_records(self):
+    for ids, label, named, failure in (
+        ([], 7, r"label is 7", r"a label is not 0 or 1"),
+        ([3, -4], 0, r"ids\[1\] is -4; expected ids >= 0", r"an id is negative")):
+      with self.subTest(failure=failure):
+        directory = testutil.make_tempdir(self)
+        _write_set(directory, train_sizes=(3,), dense_dim=0)
+        train = os.path.join(directory, "train-0.tfrecord")
+        good = _example(ids=("int64", [1]), label=("int64", [0]))
+        _write_raw(train, [good] * 150 + [_example(ids=("int64", ids),
+                                                   label=("int64", [label]))])
+        records = record_checks.inspect(directory)  # the first 100 are fine
+        self.assertEqual(records.dense_dim, 0)
+        self.assertRegex(record_checks.find_bad_record(records.train_files),
+                         rf"^{re.escape(train)}: record 150: {named}")
+        with tf.Graph().as_default():
+          _, labels = tf.compat.v1.data.make_one_shot_iterator(
+              tfrecords.train_dataset(records, 151, 1, 0, 0)).get_next()
+          with tf.compat.v1.Session() as sess:
+            with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
+                                        rf"{failure}; ps_trainer\.record_checks\.find_bad_record"):
+              sess.run(labels)
 
 
 def _rows(ids_value, dense, labels):
