@@ -209,6 +209,11 @@ def main(argv=None) -> int:
     print("clicks: error: --out_dir is not set: the directory for the "
           "train* and test* files", file=sys.stderr)
     return 2
+  if fv.train_examples < fv.shards:
+    print(f"clicks: error: --train_examples={fv.train_examples} is fewer than "
+          f"--shards={fv.shards}; every train file needs at least one example",
+          file=sys.stderr)
+    return 2
   start = time.monotonic()
   try:
     stats = write_click_set(fv.out_dir, fv.train_examples, fv.test_examples,

@@ -574,7 +574,8 @@ class ClicksTest(absltest.TestCase):
         (["--vocab=0", "--out_dir=x"], r"--vocab=0"),
         (["--train_examples=3"], r"--out_dir is not set"),
         (["--out_dir=x", "--shards=5", "--train_examples=3"],
-         r"num_train=3: must be an integer >= 5"),
+         r"--train_examples=3 is fewer than --shards=5; every train file needs at least one "
+         r"example$"),
         (["--out_dir=x", "--nope=1"], r"nope")):
       stderr = io.StringIO()
       with contextlib.redirect_stderr(stderr):
