@@ -171,6 +171,15 @@ def _at_least(fv, name: str, minimum: int, allow_none: bool = False) -> None:
                            flag_values=fv)
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _between(fv, name: str, minimum: int, maximum: int) -> None:
+  flags.register_validator(
+      name, lambda value: value is not None and minimum <= value <= maximum,
+      message=f"must be between {minimum} and {maximum}", flag_values=fv)
+
+
 def parse_hidden_units(value: str) -> tuple:
   """'128,64' -> (128, 64); raises ValueError with the reason."""
   parts = [p.strip() for p in value.split(",")] if value.strip() else []
@@ -207,8 +216,10 @@ def _register_validators(fv) -> None:
   _at_least(fv, "task_index", 0, allow_none=True)
   _at_least(fv, "num_workers", 1, allow_none=True)
   _at_least(fv, "batch_size", 1)
-  _at_least(fv, "vocab_size", 1)
-  _at_least(fv, "embedding_dim", 1)
+  # TF sizes a table's parts with int32: a larger value wraps around (a
+  # smaller table, or a negative shape) instead of failing.
+  _between(fv, "vocab_size", 1, _INT32_MAX)
+  _between(fv, "embedding_dim", 1, _INT32_MAX)
   _at_least(fv, "train_steps", 1)
   _at_least(fv, "replicas_to_aggregate", 1, allow_none=True)
   _at_least(fv, "save_checkpoints_steps", 1, allow_none=True)

@@ -137,10 +137,17 @@ def _run_task(cfg) -> int:
     return stop.exit_status()
   except tf.errors.ResourceExhaustedError as e:
     _fail(f"out of memory ({errors.first_line(e.message)}); the model is too "
-          "large for this host: lower --hidden_units or --batch_size")
+          f"large for this host: {_smaller_model(cfg)}")
   except tf.errors.OpError as e:
     if os.environ.get("PS_TRAINER_TRACEBACK"):
       raise
+    if (isinstance(e, tf.errors.InvalidArgumentError)
+        and "Cannot parse tensor from proto" in (e.message or "")):
+      # TF's words when a variable's initial value has too many elements to
+      # describe; with the tables in play, the flags that size them.
+      _fail(f"a variable is too large for TensorFlow to create"
+            f"{' (' + e.op.name + ')' if e.op is not None else ''}: "
+            f"{_smaller_model(cfg)}")
     # A record read during training can be bad where the start-up check
     # did not look; TF's message does not say which file holds it.
     if dataset is not None and data.may_be_bad_records(dataset, e):
@@ -151,6 +158,15 @@ def _run_task(cfg) -> int:
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
           "traceback)", status=1)
+
+
+def _smaller_model(cfg) -> str:
+  """What to lower when the model does not fit: the flags that size it most."""
+  if cfg.model.model == "wide_deep":
+    return (f"lower --vocab_size={cfg.model.vocab_size} or --embedding_dim="
+            f"{cfg.model.embedding_dim} (./launch.sh plan shows the bytes on "
+            "each PS)")
+  return "lower --hidden_units or --batch_size"
 
 
 def _receive_stop_signals(cfg):

@@ -233,6 +233,11 @@ _CASES = (
      ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks", _SHORT], {},
      ["{file}: record 2: ids[1] is -4; expected ids >= 0 (the served model drops negative ids) "
       "(--dataset=tfrecord)"]),
+    # Past int32, TF wrapped the table size around: a traceback (or a silently smaller table).
+    ("tfrecord_vocab_size_past_int32", _click_dir,
+     ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks",
+      "--vocab_size=300000000000", _SHORT], {},
+     ["--vocab_size=300000000000: must be between 1 and 2147483647"]),
     # A data flag that the data set ignores: the run would train on something else and exit 0.
     ("data_path_without_dataset_npz", None, ["--data_path={tmp}/x.npz", _SHORT], {},
      ["--data_path={tmp}/x.npz", "--dataset=digits does not read it", "only --dataset=npz"]),
