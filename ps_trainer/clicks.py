@@ -199,7 +199,7 @@ def main(argv=None) -> int:
   try:
     extra = fv(argv)[1:]
   except flags.Error as e:
-    print(f"clicks: error: {e}", file=sys.stderr)
+    print(f"clicks: error: {errors.flag_error(e)}", file=sys.stderr)
     return 2
   if extra:
     print(f"clicks: error: unexpected arguments {' '.join(extra)}; flags "

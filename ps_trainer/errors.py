@@ -5,6 +5,7 @@ node ...") and end with pages of context; the one line that says what went
 wrong is somewhere in between. Every error a user sees is one line.
 """
 
+import re
 import sys
 
 _FRAMING = ("Graph execution error", "Detected at node", "Node:", "File ")
@@ -24,3 +25,25 @@ def warn(message: str) -> None:
   """A warning line on stderr that reads like the trainer's other lines,
   not like absl's log format (level, time, thread id, file:line)."""
   print(f"ps_trainer: warning: {message}", file=sys.stderr, flush=True)
+
+
+# absl's words for a value of the wrong type are Python's own; what a user
+# needs is what the flag accepts.
+_FLAG_TYPE_ERRORS = (
+    (re.compile(r"invalid literal for int\(\) with base 10: .*"),
+     "expected a whole number"),
+    (re.compile(r"could not convert string to float: .*"), "expected a number"),
+    (re.compile(r"\('Non-boolean argument to boolean flag', .*\)"),
+     "expected true or false (or --{name} / --no{name})"),
+)
+_FLAG_NAME = re.compile(r"flag --([A-Za-z0-9_]+)=")
+
+
+def flag_error(error: Exception) -> str:
+  """absl's flag error in one line, saying what the flag accepts."""
+  message = " ".join(str(error).split())
+  named = _FLAG_NAME.match(message)
+  for pattern, accepted in _FLAG_TYPE_ERRORS:
+    if named and pattern.search(message):
+      message = pattern.sub(accepted.format(name=named.group(1)), message)
+  return f"{message} (see --helpfull)"

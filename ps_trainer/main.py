@@ -203,8 +203,8 @@ def _parse_flags(argv):
   try:
     return FLAGS(argv)
   except absl_flags.Error as e:
-    message = " ".join(str(e).split())
-    _fail(f"{message} (see --helpfull)")
+    from ps_trainer import errors  # pylint: disable=g-import-not-at-top
+    _fail(errors.flag_error(e))
 
 
 def run() -> None:

@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
+from ps_trainer import errors
 from ps_trainer import flags as flags_lib
 
 FLAGS = flags.FLAGS
@@ -75,7 +76,7 @@ def _parse_flags(argv):
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    _fail(f"{' '.join(str(e).split())} (see --helpfull)")
+    _fail(errors.flag_error(e))
 
 
 if __name__ == "__main__":

@@ -56,13 +56,13 @@ class BadInputTest(absltest.TestCase):
     out = os.path.join(testutil.make_tempdir(self), "out")
     for args, says in (
         (["bench", "--rounds=0"], "bench: error: flag --rounds=0: 0 is not a positive integer"),
-        (["bench", "--rounds=abc"], "bench: error: flag --rounds=abc: invalid literal"),
+        (["bench", "--rounds=abc"], "bench: error: flag --rounds=abc: expected a whole number"),
         (["bench", f"--bench_dir={a_file}"],
          f"bench: error: --bench_dir={a_file}: is a file, not a directory"),
         (["compare", f"--out_dir={out}", "--num_workers=0"],
          "compare: error: flag --num_workers=0: 0 is not a positive integer"),
         (["compare", f"--out_dir={out}", "--target_loss=abc"],
-         "compare: error: flag --target_loss=abc: could not convert string to float"),
+         "compare: error: flag --target_loss=abc: expected a number"),
         (["compare", f"--out_dir={out}", "--target_loss=-1"],
          "compare: error: flag --target_loss=-1.0: must be > 0"),
         (["compare", f"--out_dir={a_file}"],

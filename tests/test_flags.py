@@ -443,6 +443,14 @@ _BINARY_CASES = (
      r"--hidden_units=12,x: expected comma-separated positive whole numbers"),
     ("vocab_size", ["--vocab_size=0"], {}, r"--vocab_size=0: must be between 1 and 2147483647"),
     ("task_index", ["--task_index=-1"], {}, r"--task_index=-1: must be >= 0"),
+    # What the flag accepts, not Python's words for the failed conversion.
+    ("not_a_whole_number", ["--vocab_size=1e5"], {},
+     r"^ps_trainer: error: flag --vocab_size=1e5: expected a whole number \(see --helpfull\)$"),
+    ("not_a_number", ["--learning_rate=abc"], {},
+     r"^ps_trainer: error: flag --learning_rate=abc: expected a number \(see --helpfull\)$"),
+    ("not_a_boolean", ["--record_steps=maybe"], {},
+     r"^ps_trainer: error: flag --record_steps=maybe: expected true or false \(or "
+     r"--record_steps / --norecord_steps\) \(see --helpfull\)$"),
     ("ps_hosts_without_port",
      ["--ps_hosts=nohostport", "--worker_hosts=a:1", "--job_name=ps",
       "--task_index=0"], {},

@@ -6,6 +6,7 @@ from typing import Dict, List, Set
 
 from absl import flags
 
+from ps_trainer import errors
 from ps_trainer import flags as trainer_flags
 
 
@@ -63,7 +64,7 @@ def own_flags_parser(command: str):
     try:
       return flags.FLAGS(argv, known_only=True)
     except flags.Error as e:
-      print(f"{command}: error: {' '.join(str(e).split())} (see --helpfull)",
-            file=sys.stderr, flush=True)
+      print(f"{command}: error: {errors.flag_error(e)}", file=sys.stderr,
+            flush=True)
       sys.exit(2)
   return parse_own
