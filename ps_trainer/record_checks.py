@@ -281,13 +281,16 @@ def write_examples(path, ids, dense, labels):
     labels: N ints, each 0 or 1.
 
   Raises:
-    ValueError: lengths differ, or a label is not 0 or 1.
+    ValueError: lengths differ, a label is not 0 or 1, or an id is negative.
   """
   labels = np.asarray(labels, np.int64).reshape(-1)
   if len(ids) != len(labels):
     raise ValueError(f"{path}: {len(ids)} ids lists but {len(labels)} labels")
   if not np.isin(labels, (0, 1)).all():
     raise ValueError(f"{path}: labels must be 0 or 1")
+  if any(min(row, default=0) < 0 for row in ids):
+    raise ValueError(f"{path}: ids must be >= 0 (the served model drops "
+                     "negative ids)")
   if dense is not None:
     dense = np.asarray(dense, np.float32)
     if dense.ndim != 2 or len(dense) != len(labels):

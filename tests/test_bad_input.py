@@ -86,9 +86,16 @@ def _click_dir_without_train(test, tmp):
 def _click_dir_with_negative_id(test, tmp):
   """{file}: a train file of {tmp}/clicks whose record 2 has the id -4."""
   _click_dir(test, tmp)
-  from ps_trainer import record_checks  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   path = os.path.join(tmp, "clicks", "train-00000-of-00002.tfrecord")
-  record_checks.write_examples(path, [[1, 2], [5], [3, -4, 7]], [[0.5, 1.0]] * 3, [0, 1, 1])
+  # By hand: record_checks.write_examples refuses negative ids.
+  with tf.io.TFRecordWriter(path) as writer:
+    for ids, label in (([1, 2], 0), ([5], 1), ([3, -4, 7], 1)):
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+          "dense": tf.train.Feature(float_list=tf.train.FloatList(value=[0.5, 1.0])),
+          "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+      })).SerializeToString())
   return {"file": path}
 
 

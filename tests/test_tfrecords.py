@@ -263,6 +263,17 @@ class InspectTest(parameterized.TestCase):
         r"\(truncated record at \d+")
 
 
+class WriteExamplesTest(absltest.TestCase):
+
+  def test_it_refuses_what_the_schema_refuses_before_writing(self):
+    path = os.path.join(testutil.make_tempdir(self), "train-0")
+    with self.assertRaisesRegex(ValueError, r"labels must be 0 or 1"):
+      record_checks.write_examples(path, [[1]], None, [2])
+    with self.assertRaisesRegex(ValueError, r"ids must be >= 0"):
+      record_checks.write_examples(path, [[1], [2, -1]], None, [0, 1])
+    self.assertFalse(os.path.exists(path))
+
+
 class FindBadRecordTest(absltest.TestCase):
 
   def test_names_the_corrupt_file_and_record(self):
