@@ -43,9 +43,10 @@ Usage:
       each PS and the bytes a worker moves per step, without starting anything (README: Large
       models). Trainer flags pick the model and data, as for the run.
   ./launch.sh clicks --out_dir=DIR [--train_examples=N] [--test_examples=N] [--vocab=N] [--shards=N]
+                     [--dense_dim=D] [--seed=S]
       Write a synthetic click data set for --model=wide_deep --dataset=tfrecord --data_dir=DIR
-      (default 200,000 training examples over 200,000 ids in 4 files); prints its majority-class
-      rate and the best accuracy any model can reach on it.
+      (default 200,000 training examples over 200,000 ids in 4 files, 4 dense features, seed 0);
+      prints its majority-class rate and the best accuracy any model can reach on it.
   ./launch.sh test [pytest args...]
       Run the test suite (default: all of it, -q) with the dev requirements.
   ./launch.sh [trainer flags...]
