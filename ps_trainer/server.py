@@ -151,16 +151,32 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
 
 
 def clear_done(target: str, info: cluster_lib.ClusterInfo,
-               timeout_secs: float = 30.0) -> None:
+               timeout_secs: float = 30.0, poll_secs: float = 0.2) -> None:
   """Tells every PS that this replica trains, before each of its sessions.
 
   A replica that was stopped said it was done. Started again with the same
   command, it would still count as done: the PS tasks would leave once the
   others are done, in the middle of its training, and a sync chief ending its
-  run would stop releasing it. The PS tasks were just waited for; one that
-  has gone since raises UnavailableError, on which the session is retried.
+  run would stop releasing it.
+
+  A PS listens a moment before it has created its flags (NotFoundError until
+  then), so this retries for up to `timeout_secs`. Past that, or when a PS
+  does not answer in time, it raises UnavailableError, on which
+  MonitoredSession creates the session again (waiting for the PS first).
   """
-  _set_own_flags(target, info, sorted(info.jobs["ps"]), 0, timeout_secs)
+  deadline = time.monotonic() + timeout_secs
+  while True:
+    try:
+      _set_own_flags(target, info, sorted(info.jobs["ps"]), 0, timeout_secs)
+      return
+    except (tf.errors.NotFoundError, tf.errors.FailedPreconditionError,
+            tf.errors.DeadlineExceededError) as e:
+      if (isinstance(e, tf.errors.DeadlineExceededError)
+          or time.monotonic() >= deadline):
+        raise tf.errors.UnavailableError(
+            None, None, "a PS did not take this replica's done flag: "
+            + errors.first_line(str(e))) from e
+      time.sleep(poll_secs)
 
 
 def _set_own_flags(target: str, info: cluster_lib.ClusterInfo,

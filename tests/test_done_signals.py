@@ -73,6 +73,26 @@ class DoneSignalsTest(absltest.TestCase):
     server_lib.signal_done(worker1_target, worker1, timeout_secs=5)  # Finished.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
 
+  def test_a_replica_waits_for_a_ps_that_has_not_yet_made_its_flags(self):
+    # A PS listens a moment before it creates its flags; a chief that saw its port answer
+    # used to fail the run with NotFoundError there.
+    ps_port, *worker_ports = testutil.pick_free_ports(3)
+    hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
+    ps = cluster.from_flags(*hosts, "ps", 0)
+    ps_target = server_lib.start_server(ps).target
+    chief = cluster.from_flags(*hosts, "worker", 0)
+    chief_target = server_lib.start_server(chief).target
+
+    with self.assertRaisesRegex(tf.errors.UnavailableError,
+                                r"^a PS did not take this replica's done flag: "):
+      server_lib.clear_done(chief_target, chief, timeout_secs=1)  # No flags made: retried.
+    making = threading.Timer(1.0, server_lib.init_done_flags, args=(ps_target, ps))
+    making.start()
+    self.addCleanup(making.cancel)
+    server_lib.clear_done(chief_target, chief, timeout_secs=30)
+    making.join()
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, 0])
+
   def _flags(self, ps_target: str, ps: cluster.ClusterInfo, num_workers: int) -> list:
     """PS 0's done flags, read as the PS reads them."""
     graph = tf.Graph()
