@@ -119,7 +119,7 @@ on_signal() {  # name exit-status
   stop_tasks "$STOP_GRACE_SECS"
   # Ctrl-C also ended the tail showing the chief's log: repeat its word on where to continue.
   if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]]; then
-    this_run_log "$CHIEF" | grep -a "final checkpoint" | tail -n 1 || true
+    this_run_log "$CHIEF" | grep -a "the same command continues from it" | tail -n 1 || true
   fi
   exit "$2"
 }

@@ -30,7 +30,7 @@ def warn(message: str) -> None:
 # absl's words for a value of the wrong type are Python's own; what a user
 # needs is what the flag accepts.
 _FLAG_TYPE_ERRORS = (
-    (re.compile(r"invalid literal for int\(\) with base 10: .*"),
+    (re.compile(r"invalid literal for int\(\) with base \d+: .*"),
      "expected a whole number"),
     (re.compile(r"could not convert string to float: .*"), "expected a number"),
     (re.compile(r"\('Non-boolean argument to boolean flag', .*\)"),

@@ -267,7 +267,9 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
     print(f"ps {info.task_index}: serving on {info.address}; waiting for "
           f"{info.num_workers} worker(s) to finish{host_cores.pinned_note()}",
           flush=True)
-    last = 0
+    # The flags, not their count: one replica started again (its flag
+    # cleared) while another finishes leaves the count as it was.
+    last = [0] * info.num_workers
     stop_seen = None
     next_note = None
     note_gap = straggler_note_secs
@@ -275,18 +277,19 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
       flags = read_flags()
       done = sum(flags)
       now = clock()
-      if done != last or (next_note is not None and now >= next_note):
+      changed = flags != last
+      if changed or (next_note is not None and now >= next_note):
         # Once some are done, the rest are named: one that never joined
         # (other host lists, say) is otherwise waited for in silence. Named
         # ever more rarely while nothing changes: one worker stopped for good
         # while the rest train on for hours is not worth a line every 30 s.
-        note_gap = (straggler_note_secs if done != last
+        note_gap = (straggler_note_secs if changed
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = not_done_names(info, flags)
         watch.note_done(info, flags)
         print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
               f"done{'; waiting for ' + left if left else ''}", flush=True)
-        last = done
+        last = flags
         next_note = now + note_gap
       if done >= info.num_workers:
         break

@@ -15,8 +15,10 @@ compare` turns this on and draws the distribution.
 Lines go to <log_dir>/steps/<task>.jsonl:
   {"time": Unix time at its end, "step": global step after it,
    "loss": its training loss, "staleness": n}   (staleness: async only)
-They are buffered and flushed at most once every FLUSH_SECS, so a worker
-killed with SIGKILL loses about its last second of lines, not a buffer full.
+They are buffered and flushed at the end of the first step at least
+FLUSH_SECS after the last flush, so a worker killed with SIGKILL while it
+trains loses about its last second of lines, not a buffer full (one stalled
+in a step keeps the lines of the second before it).
 """
 
 import json

@@ -62,7 +62,9 @@ class ImageTest(absltest.TestCase):
   def test_the_build_context_is_what_the_dockerfile_copies(self):
     """The README's `docker build ... .` would otherwise send .venv, data/ and runs/."""
     with open(DOCKERFILE, encoding="utf-8") as f:
-      copied = {line.split()[1] for line in f if line.startswith("COPY ")}
+      # COPY [--option ...] SOURCE DEST
+      copied = {[w for w in line.split()[1:] if not w.startswith("--")][0]
+                for line in f if line.startswith("COPY ")}
     with open(DOCKERIGNORE, encoding="utf-8") as f:
       rules = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     self.assertEqual(rules[0], "*")  # Everything out, then each copied path back in.
