@@ -234,7 +234,7 @@ run_local() {
       "$PY" -m ps_trainer --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
   fi
   msg "local cluster: ps $ps_hosts; workers $worker_hosts (worker-0 is the chief, its log follows); logs in $log_dir/logs/"
-  tail -c +"$((TASK_STARTS[CHIEF] + 1))" -f --pid="${TASK_PIDS[CHIEF]}" "${TASK_LOGS[CHIEF]}" &
+  this_run_log "$CHIEF" -f --pid="${TASK_PIDS[CHIEF]}" &
   TAIL_PID=$!
 
   wait_for_chief

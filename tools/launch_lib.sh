@@ -148,9 +148,12 @@ start_task() {  # name log cmd...
   TASK_DONE+=("") TASK_STATUS+=("")
 }
 
-# What task $1 wrote in this run (its log from TASK_STARTS on).
-this_run_log() {
-  tail -c +"$((TASK_STARTS[$1] + 1))" "${TASK_LOGS[$1]}"
+# What task $1 wrote in this run (its log from TASK_STARTS on); more tail options may follow
+# (-f --pid=...).
+this_run_log() {  # task-index [tail options...]
+  local i=$1
+  shift
+  tail -c +"$((TASK_STARTS[i] + 1))" "$@" "${TASK_LOGS[i]}"
 }
 
 # True while pid is a live (non-zombie) child of this shell. Checking the parent guards against
