@@ -24,6 +24,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags as absl_flags
 
+from ps_trainer import errors
 from ps_trainer import flags as flags_lib
 from ps_trainer import output_dir
 
@@ -88,7 +89,6 @@ def _run_task(cfg) -> int:
   tf = quiet_import.tensorflow()
   from ps_trainer import checkpoints
   from ps_trainer import data
-  from ps_trainer import errors
   from ps_trainer import evaluator
   from ps_trainer import export
   from ps_trainer import finished_run
@@ -203,7 +203,6 @@ def _parse_flags(argv):
   try:
     return FLAGS(argv)
   except absl_flags.Error as e:
-    from ps_trainer import errors  # pylint: disable=g-import-not-at-top
     _fail(errors.flag_error(e))
 
 

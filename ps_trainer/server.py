@@ -99,8 +99,9 @@ def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
 
   Flags, not a count: a replica sets its own when it leaves and clears it
   before each of its sessions, so one that stops, starts again and finishes
-  is one replica done, and not done while it trains. In no collection: neither checkpointed nor
-  initialized by the chief; the PS sets them to zero when it starts.
+  is one replica done, and not done while it trains. In no collection:
+  neither checkpointed nor initialized by the chief; the PS sets them to zero
+  when it starts.
   """
   with tf.device(f"/job:ps/task:{ps_index}"):
     return tf.compat.v1.get_variable(
@@ -335,7 +336,8 @@ def not_done_names(info: cluster_lib.ClusterInfo, flags: list,
   """
   addresses = info.replica_addresses()
   names = []
-  for name in [info.replica_name(r) for r, flag in enumerate(flags) if not flag]:
+  for name in [info.replica_name(r)
+               for r, flag in enumerate(flags) if not flag]:
     address = addresses.get(name)
     names.append(f"{name} at {address}" if address else name)
   more = f" and {len(names) - most} more" if len(names) > most else ""
