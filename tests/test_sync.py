@@ -45,10 +45,26 @@ class ServerStartTest(tf.test.TestCase):
 class PsLifecycleTest(tf.test.TestCase):
   """run_ps never waits forever: vanished workers and stop requests end it."""
 
-  def run_ps(self, stop, wait_timeout_secs=60.0):
-    ps_port, *worker_ports = testutil.pick_free_ports(3)  # Nobody listens on the workers'.
+  def ps_info(self, num_workers: int) -> tuple:
+    """(PS 0's ClusterInfo, its port, the workers' ports); nobody listens on the workers'."""
+    ps_port, *worker_ports = testutil.pick_free_ports(1 + num_workers)
     info = cluster.from_flags(
         f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
+    return info, ps_port, worker_ports
+
+  def start_ps(self, info, stop, output: io.StringIO, **run_ps_args) -> tuple:
+    """run_ps on a thread, under the caller's redirect of stdout to `output`; returns
+    (the thread, the list its status goes to) once the PS serves."""
+    statuses = []
+    ps = threading.Thread(target=lambda: statuses.append(server_lib.run_ps(
+        info, stop, poll_secs=0.05, probe_every_secs=0.1, **run_ps_args)), daemon=True)
+    ps.start()
+    waits.wait_until(lambda: f"waiting for {info.num_workers} worker(s)" in output.getvalue(),
+                     "the PS", 60)
+    return ps, statuses
+
+  def run_ps(self, stop, wait_timeout_secs=60.0):
+    info, _, worker_ports = self.ps_info(2)
     output = io.StringIO()
     start = time.monotonic()
     with contextlib.redirect_stdout(output):
@@ -66,21 +82,15 @@ class PsLifecycleTest(tf.test.TestCase):
         "with status 1"))
 
   def test_once_a_worker_is_done_it_names_the_ones_it_still_waits_for(self):
-    ps_port, *worker_ports = testutil.pick_free_ports(8)  # Nobody listens on the workers'.
-    info = cluster.from_flags(
-        f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
+    info, ps_port, worker_ports = self.ps_info(7)
     output = io.StringIO()
-    statuses = []
     stop = FakeStop()
     waiting = ("ps 0: 1 of 7 worker(s) done; waiting for "
                + ", ".join(f"worker {i} at 127.0.0.1:{worker_ports[i]}" for i in range(1, 6))
                + " and 1 more")
     with contextlib.redirect_stdout(output):
-      ps = threading.Thread(target=lambda: statuses.append(server_lib.run_ps(
-          info, stop, wait_timeout_secs=600, poll_secs=0.05, probe_every_secs=0.1,
-          straggler_note_secs=0.5)), daemon=True)
-      ps.start()
-      waits.wait_until(lambda: "waiting for 7 worker(s)" in output.getvalue(), "the PS", 60)
+      ps, statuses = self.start_ps(info, stop, output, wait_timeout_secs=600,
+                                   straggler_note_secs=0.5)
       # The chief says it is done, as its last act; the others never came.
       self.say_done(ps_port, num_workers=7, replica=0)
       # At once, then again while nothing changes (after 0.5 s, then 1 s later, ...).
@@ -91,7 +101,7 @@ class PsLifecycleTest(tf.test.TestCase):
     self.assertEqual(statuses, [143], output.getvalue())
 
   def test_a_done_worker_still_counts_as_answering_but_is_not_named(self):
-    ps_port, *worker_ports = testutil.pick_free_ports(3)
+    info, ps_port, worker_ports = self.ps_info(2)
     # Worker 0 said done yet answers: stopped and started again, it trains on
     # with its flag still set. Worker 1 never came.
     worker0 = socket.socket()
@@ -99,17 +109,10 @@ class PsLifecycleTest(tf.test.TestCase):
     worker0.listen()
     threading.Thread(target=self.accept_until_closed, args=(worker0,), daemon=True).start()
     self.addCleanup(self.close_listener, worker0)
-    info = cluster.from_flags(
-        f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports), "ps", 0)
     output = io.StringIO()
-    statuses = []
     stop = FakeStop(grace_secs=1.0)
     with contextlib.redirect_stdout(output):
-      ps = threading.Thread(target=lambda: statuses.append(server_lib.run_ps(
-          info, stop, wait_timeout_secs=2.0, poll_secs=0.05, probe_every_secs=0.1)),
-          daemon=True)
-      ps.start()
-      waits.wait_until(lambda: "waiting for 2 worker(s)" in output.getvalue(), "the PS", 60)
+      ps, statuses = self.start_ps(info, stop, output, wait_timeout_secs=2.0)
       self.say_done(ps_port, num_workers=2, replica=0)
       time.sleep(4.0)  # Twice the bound.
       stayed = ps.is_alive()
