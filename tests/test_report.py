@@ -89,8 +89,10 @@ class StepRecordHookTest(absltest.TestCase):
     with graph.as_default():
       step = tf.compat.v1.train.get_or_create_global_step()
       read = tf.identity(step.read_value())
-      other = tf.compat.v1.assign_add(step, 3)  # Three updates by "others".
+      # Three updates by "others" between this worker's read and its own update. Ordered
+      # after the read: unordered, the read could run after them (a CI run saw staleness 0).
       with tf.control_dependencies([read]):
+        other = tf.compat.v1.assign_add(step, 3)
         with tf.control_dependencies([other]):
           own = tf.compat.v1.assign_add(step, 1)
       loss = tf.constant(0.5)
