@@ -214,21 +214,14 @@ def _set_all(flags: list, index: int, value: int):
                     for f in flags])
 
 
-def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float,
-                  poll_secs: float = 0.5) -> tuple:
+def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float) -> tuple:
   """([index of each PS that answers], ["ps i at host:port" of the others]).
 
   A PS gets a few seconds to answer: one lost connection attempt, or a PS
   restarting, should not cost it this replica's flag.
   """
-  missing = dict(sorted(info.jobs["ps"].items()))
-  deadline = time.monotonic() + within_secs
-  while True:
-    for i in [i for i, address in missing.items() if waits.reachable(address)]:
-      del missing[i]
-    if not missing or time.monotonic() >= deadline:
-      break
-    time.sleep(poll_secs)
+  missing = waits.still_unreachable(dict(sorted(info.jobs["ps"].items())),
+                                    within_secs)
   answering = sorted(set(info.jobs["ps"]) - set(missing))
   return answering, [f"ps {i} at {address}" for i, address in missing.items()]
 

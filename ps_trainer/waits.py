@@ -97,16 +97,30 @@ def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
   """
   missing = dict(named)
 
-  def ready():
-    for name in [n for n, address in missing.items() if reachable(address)]:
-      del missing[name]
-    return not missing
-
   def what():
     return ", ".join(f"{name} at {address}" for name, address in missing.items())
 
-  wait_until(ready, what, timeout_secs, **kwargs)
+  wait_until(lambda: _drop_reachable(missing), what, timeout_secs, **kwargs)
 
+
+def still_unreachable(named: dict, within_secs: float, poll_secs: float = 0.5,
+                      clock=time.monotonic, sleep=time.sleep) -> dict:
+  """{name: address} of those in `named` that accepted no connection within
+  `within_secs`, polled every `poll_secs`; quiet, and no error when some do
+  not."""
+  missing = dict(named)
+  deadline = clock() + within_secs
+  while not _drop_reachable(missing) and clock() < deadline:
+    sleep(poll_secs)
+  return missing
+
+
+def _drop_reachable(missing: dict) -> bool:
+  """Removes from {name: address} each that accepts connections; True once
+  none is left."""
+  for name in [n for n, address in missing.items() if reachable(address)]:
+    del missing[name]
+  return not missing
 
 
 def unreachable(named: dict) -> list:

@@ -97,6 +97,30 @@ class WaitStopsTest(absltest.TestCase):
     self.assertEqual(waits.unreachable({"worker 1": f"127.0.0.1:{port}"}),
                      [f"worker 1 at 127.0.0.1:{port}"])
 
+  def test_still_unreachable_polls_for_its_grace_then_keeps_the_silent(self):
+    import socket  # pylint: disable=g-import-not-at-top
+    import testutil  # pylint: disable=g-import-not-at-top
+    closed, = testutil.pick_free_ports(1)
+    with socket.socket() as listener:
+      listener.bind(("127.0.0.1", 0))
+      listener.listen()
+      open_address = f"127.0.0.1:{listener.getsockname()[1]}"
+      now = [0.0]
+      pauses = []
+
+      def sleep(secs):
+        pauses.append(secs)
+        now[0] += secs
+
+      missing = waits.still_unreachable(
+          {0: open_address, 1: f"127.0.0.1:{closed}"}, within_secs=2.0,
+          poll_secs=0.5, clock=lambda: now[0], sleep=sleep)
+      self.assertEqual(missing, {1: f"127.0.0.1:{closed}"})
+      self.assertEqual(pauses, [0.5] * 4)  # Polled until the grace ran out.
+      self.assertEqual(waits.still_unreachable({0: open_address}, 2.0,
+                                               sleep=sleep), {})
+      self.assertEqual(len(pauses), 4)  # No pause once every one answers.
+
 
 class StallWatchHookTest(absltest.TestCase):
 
