@@ -1,4 +1,4 @@
-"""A chief started again after its run had finished: what it still owes.
+"""A worker started again after its run had finished: what it still owes.
 
 A PS task exits once every worker has said it is done, and a finished chief
 says so before it exports (main.py). So a chief killed during its export (or
@@ -13,6 +13,10 @@ cluster was started again they are up within seconds, and the run ends as
 every finished run does, in a session (nothing to train, the export written
 or kept, every worker done). When they do not all answer, the job ended
 long ago: the chief exports from the checkpoint alone and exits 0.
+
+Another worker owes nothing, but it would likewise wait --wait_timeout_secs
+for the PS tasks and exit 1. When it sees the chief's --log_dir (the same
+host, or a shared file system), the same evidence tells it the job is over.
 """
 
 import json
@@ -59,7 +63,7 @@ def cluster_restarted(cfg, stop) -> bool:
   """Whether every PS answers within a short wait, as when all were restarted.
 
   Args:
-    cfg: the chief's configuration.
+    cfg: the worker's configuration.
     stop: the task's stops.StopRequest; a stop ends the wait.
 
   Raises:
@@ -67,7 +71,7 @@ def cluster_restarted(cfg, stop) -> bool:
   """
   ps = cfg.cluster.ps_addresses()
   wait_secs = min(PS_WAIT_SECS, cfg.train.wait_timeout_secs)
-  print(f"chief: the run had finished (global step >= --train_steps="
+  print(f"{cfg.task_name}: the run had finished (global step >= --train_steps="
         f"{cfg.train.train_steps} in result.json and the newest checkpoint); "
         f"waiting up to {wait_secs:.0f} s for the PS tasks, in case the whole "
         "cluster was started again", flush=True)
@@ -85,8 +89,8 @@ def cluster_restarted(cfg, stop) -> bool:
     return True
   except waits.WaitTimeout:
     if answered:
-      print(f"chief: only {', '.join(sorted(answered))} answered: left over "
-            "from the run, they give up on their own after "
+      print(f"{cfg.task_name}: only {', '.join(sorted(answered))} answered: "
+            "left over from the run, they give up on their own after "
             "--wait_timeout_secs", flush=True)
     return False
 
@@ -104,3 +108,10 @@ def export_alone(cfg, dataset, result: dict, stop) -> None:
   export.export_and_record(cfg, dataset, result)
   print(f"chief: the run had finished at global step {result['global_step']}"
         " and its PS tasks have left: the job is over", flush=True)
+
+
+def say_over(cfg, result: dict) -> None:
+  """What a non-chief worker of a finished run says before it exits 0."""
+  print(f"{cfg.task_name}: the run in {cfg.train.log_dir} had finished at "
+        f"global step {result['global_step']} and its PS tasks have left: "
+        "the job is over, nothing is left to train", flush=True)

@@ -116,11 +116,14 @@ def _run_task(cfg) -> int:
     graph = trainer.build(cfg, dataset)  # Its errors come before any output.
     print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}"
           f"{host_cores.pinned_note()}", flush=True)
-    if info is not None and cfg.is_chief:
+    if info is not None:
       earlier = finished_run.earlier_result(cfg.train.log_dir,
                                             cfg.train.train_steps)
       if earlier and not finished_run.cluster_restarted(cfg, stop):
-        finished_run.export_alone(cfg, dataset, earlier, stop)
+        if cfg.is_chief:
+          finished_run.export_alone(cfg, dataset, earlier, stop)
+        else:
+          finished_run.say_over(cfg, earlier)
         return 0
     result = trainer.run(cfg, graph, target, stop)
     if result is not None:  # A finished run, on the chief or alone.

@@ -1,4 +1,5 @@
-"""A chief started again after its run finished: it exports what it had not and ends, PS or none.
+"""A worker started again after its run finished: the chief exports what it had not and ends, PS
+or none; another worker that sees the chief's log dir ends at once.
 
 A chief killed during its export leaves its checkpoints and result.json, an export that is gone or
 half-written, and a result.json that names no export; the job's PS tasks have exited. Here that
@@ -157,7 +158,8 @@ class InProcessTest(absltest.TestCase):
 
 
 class ChiefStartedAgainTest(absltest.TestCase):
-  """The real binary: a 1 PS + 1 worker run, then its chief started again, alone and with a PS."""
+  """The real binary: a 1 PS + 1 worker run, then its chief started again, alone and with a PS,
+  and a second worker started alone."""
 
   def _start(self, name: str, argv: list, log_dir: str) -> testutil.Process:
     proc = testutil.start([testutil.PYTHON, "-m", "ps_trainer", *argv],
@@ -191,6 +193,17 @@ class ChiefStartedAgainTest(absltest.TestCase):
     self.assertIn("the job is over", chief.read_log())
     self.assertEqual(testutil.read_result_json(log_dir)["export_dir"], export_dir)
     self.assertEqual(os.listdir(os.path.dirname(export_dir)), [str(TRAIN_STEPS)])
+
+    # Another worker of the finished job started again, seeing its --log_dir: nothing to train.
+    second_worker = [f"--ps_hosts=127.0.0.1:{ps_port}",
+                     f"--worker_hosts=127.0.0.1:{worker_port},127.0.0.1:{worker_port + 1}",
+                     f"--log_dir={log_dir}", *_RUN_FLAGS, "--wait_timeout_secs=2",
+                     "--job_name=worker", "--task_index=1"]
+    worker = self._start("worker-1-alone", second_worker, log_dir)
+    self.assertEqual(worker.wait(120), 0, worker.log_tail())
+    self.assertIn(f"worker 1: the run in {log_dir} had finished at global step {TRAIN_STEPS} "
+                  "and its PS tasks have left: the job is over", worker.read_log())
+    self.assertEqual(testutil.read_result_json(log_dir)["export_dir"], export_dir)
 
     # Killed during its export, then the whole cluster started again: it ends in a session.
     _as_if_killed_during_export(log_dir)
