@@ -121,14 +121,19 @@ def _run_task(cfg) -> int:
                                             cfg.train.train_steps)
       if earlier and not finished_run.cluster_restarted(cfg, stop):
         if cfg.is_chief:
+          stop.ended("exporting the finished run")
           finished_run.export_alone(cfg, dataset, earlier, stop)
         else:
           finished_run.say_over(cfg, earlier)
         return 0
     result = trainer.run(cfg, graph, target, stop)
-    if result is not None:  # A finished run, on the chief or alone.
-      export.export_and_record(cfg, dataset, result)
-    return stop.exit_status() if stop.requested else 0
+    if result is None:
+      return stop.exit_status() if stop.requested else 0
+    # A finished run, on the chief or alone; a stop during its last step
+    # does not cut its export short, nor make it count as stopped.
+    stop.ended("exporting the finished run")
+    export.export_and_record(cfg, dataset, result)
+    return 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
           run_signature.MismatchError, evaluator.EvaluatorError,
           checkpoints.ForeignCheckpointError) as e:

@@ -41,8 +41,10 @@ class StopRequest:
     self.grace_secs = grace_secs
     self.signum = None
     self._event = threading.Event()
-    self._ended = threading.Event()
-    self._deadline_at = None
+    self._lock = threading.Lock()
+    self._deadline_at = None  # While a requested stop is being carried out.
+    self._disarm = None  # Set: that stop's deadline forces nothing.
+    self._then = None  # What the task does once its stop was carried out.
     self._last_resorts: List[tuple] = []  # (action, what)
     self._exiting = threading.Lock()
 
@@ -79,36 +81,53 @@ class StopRequest:
     A repeated signal does not cut the stop short: Ctrl-C reaches every task
     of a terminal's process group and launchers follow up with SIGTERM; a PS
     that left early would cost the chief its final checkpoint. The grace
-    period bounds the stop anyway.
+    period bounds the stop anyway. After `ended`, a signal gives what the
+    task still does its own grace period.
     """
     name = signal.Signals(signum).name
-    if self._event.is_set():
-      left = max(0, self._deadline_at - time.monotonic())
-      print(f"{self.who}: got {name}: already stopping (at most {left:.0f} s "
-            "more)", flush=True)
-      return
-    self.signum = signum
-    self._deadline_at = time.monotonic() + self.grace_secs
-    print(f"{self.who}: got {name}: {self._how} (at most "
-          f"{self.grace_secs:.0f} s)", flush=True)
-    self._event.set()
-    threading.Thread(target=self._deadline, name="ps_trainer_stop_deadline",
-                     daemon=True).start()
+    with self._lock:
+      if self._deadline_at is not None:
+        left = max(0, self._deadline_at - time.monotonic())
+        print(f"{self.who}: got {name}: already stopping (at most {left:.0f} "
+              "s more)", flush=True)
+        return
+      self.signum = signum
+      self._deadline_at = time.monotonic() + self.grace_secs
+      if self._then is None:
+        print(f"{self.who}: got {name}: {self._how} (at most "
+              f"{self.grace_secs:.0f} s)", flush=True)
+        reason = (f"still not stopped {self.grace_secs:.0f} s after {name} "
+                  "(blocked waiting for another task)")
+      else:
+        print(f"{self.who}: got {name} while {self._then}: exiting in at most "
+              f"{self.grace_secs:.0f} s", flush=True)
+        reason = (f"still {self._then} {self.grace_secs:.0f} s after {name}")
+      self._disarm = threading.Event()
+      self._event.set()
+      threading.Thread(target=self._deadline, args=(self._disarm, reason),
+                       name="ps_trainer_stop_deadline", daemon=True).start()
 
   def _watch(self) -> None:
     while True:
       self.request(signal.sigwait(STOP_SIGNALS))
 
-  def ended(self) -> None:
-    """The task has finished by itself: no forced exit after the grace period."""
-    self._ended.set()
+  def ended(self, then: str = "ending") -> None:
+    """The stop, if one was requested, has been carried out: the task is no
+    longer blocked on another one and only does `then` (e.g. "exporting the
+    finished run") before it exits. A stop requested earlier forces no exit
+    any more; a signal from now on gives `then` the grace period. The last
+    resorts are dropped: what they would save or say has been."""
+    with self._lock:
+      self._then = then
+      self._last_resorts.clear()
+      self._deadline_at = None
+      if self._disarm is not None:
+        self._disarm.set()
 
-  def _deadline(self) -> None:
-    if self._ended.wait(self.grace_secs):
+  def _deadline(self, disarm: threading.Event, reason: str) -> None:
+    if disarm.wait(self.grace_secs):
       return
-    self.force_exit(
-        f"still not stopped {self.grace_secs:.0f} s after {self.signal_name} "
-        "(blocked waiting for another task)", self.exit_status())
+    self.force_exit(reason, self.exit_status())
 
   def force_exit(self, reason: str, status: int) -> None:
     """Runs the last resorts, then ends the process at once with `status`."""

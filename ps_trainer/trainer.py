@@ -102,11 +102,13 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     others.leave()
     raise
   others.leave()
-  if stop.requested and cfg.is_chief:
+  result = hooks.result.result if hooks.result else None
+  # A stop that came in the last step leaves a finished run, not one to go on.
+  if stop.requested and cfg.is_chief and result is None:
     print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
           f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
           "continues from it", flush=True)
-  return hooks.result.result if hooks.result else None
+  return result
 
 
 def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,

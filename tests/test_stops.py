@@ -69,6 +69,26 @@ class StopRequestTest(absltest.TestCase):
     time.sleep(0.5)
     self.assertEqual(stop.forced, [])
 
+  def test_after_its_stop_a_task_exports_unhurried_and_a_new_signal_bounds_the_export(self):
+    # Ctrl-C in a run's last step: the run finishes, and its export may take
+    # longer than the grace period the signal started.
+    stop = _RecordingStop("chief", grace_secs=0.3)
+    stop.add_last_resort(lambda: None, "a last checkpoint")
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGINT)
+    stop.ended("exporting the finished run")
+    time.sleep(0.6)
+    self.assertEqual(stop.forced, [])
+    self.assertEqual(stop._last_resorts, [])  # Its checkpoint is written by now.
+    said = self.request(stop, signal.SIGTERM)
+    self.assertEqual(said, "chief: got SIGTERM while exporting the finished run: "
+                     "exiting in at most 0 s\n")
+    deadline = time.monotonic() + 10
+    while not stop.forced and time.monotonic() < deadline:
+      time.sleep(0.05)
+    self.assertEqual(stop.forced, [
+        ("still exporting the finished run 0 s after SIGTERM", 143)])
+
 
 class WaitStopsTest(absltest.TestCase):
 

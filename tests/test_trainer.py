@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import tempfile
 
 from absl.testing import absltest
@@ -111,6 +112,19 @@ class LocalTrainingTest(absltest.TestCase):
     (guard,) = [h for h in hooks.chief_only
                 if isinstance(h, sync.FinalCheckpointGuard)]
     self.assertIs(guard.sync_hook, sync_hook)
+
+  def test_a_stop_that_finds_the_run_at_its_last_step_leaves_it_finished(self):
+    self.train("--train_steps=20")
+    cfg = testutil.make_config(f"--log_dir={self.log_dir}", "--train_steps=20")
+    stop = stops.StopRequest(cfg.task_name, grace_secs=600)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      stop.request(signal.SIGINT)
+      self.addCleanup(stop.ended)
+      result = trainer.train(cfg, data.load(cfg.data.dataset), stop=stop)
+    # main exports it and exits 0; nothing is left for "the same command".
+    self.assertEqual(result["global_step"], 20)
+    self.assertNotIn("continues from it", output.getvalue())
 
   def test_cnn_on_digits_learns(self):
     result = self.train("--train_steps=150", "--model=cnn")
