@@ -8,6 +8,8 @@ last checkpoint, and initializing throws away everything learnt so far
 newest state then, so the chief keeps it.
 """
 
+from typing import Optional
+
 import tensorflow as tf
 
 from ps_trainer import waits
@@ -23,24 +25,30 @@ class ChiefStart:
     model_variables: what a checkpoint holds and the init op initializes.
     not_ready: waits.report_uninitialized(model_variables).
     global_step: to say where a kept model stands.
-    sync: whether SyncReplicasOptimizer's accumulators live on the PS tasks.
-      A chief killed between its sync thread's take_grad (which advances the
-      accumulators' step) and the update of the global step leaves the
-      accumulators one step ahead; they refuse to go back, and would drop
-      every gradient of the kept step as stale, forever. Keeping the model
-      then moves the global step on by one. Likewise after a restore while
-      some PS tasks kept their accumulators (one of several PS restarted):
-      the global step is raised past the last step this chief saw (see
-      `remember_steps`).
+    sync: whether sync_replicas.SyncOptimizer's accumulators and token
+      queues live on the PS tasks (the queues with the global step). A
+      chief killed between its sync thread's take_grad (which moves the
+      accumulators' step on) and the update of the global step leaves the
+      workers holding tokens, and sending gradients tagged, one step past
+      the global step; a token no newer than a replica's last tag counts as
+      a release (sync_replicas), so no step would complete. Keeping the
+      model then moves the global step on by one. Likewise after a restore
+      while the PS with the token queues kept running (another PS
+      restarted): tokens up to the last step this chief saw are still there,
+      so the global step is raised past it (see `remember_steps`). When that
+      PS restarted too, its queues are new and the steps since the
+      checkpoint are trained again.
+    last_step: --train_steps; no move goes past it.
   """
 
   def __init__(self, model_variables, not_ready, global_step,
-               sync: bool = False):
+               sync: bool = False, last_step: Optional[int] = None):
     self._model_variables = list(model_variables)
     self._not_ready = not_ready
     self._initialize = tf.compat.v1.variables_initializer(
         self._model_variables)
     self._global_step = global_step
+    self._last_step = last_step
     self._step_past_accumulators = None
     if sync:
       self._step_past_accumulators = tf.compat.v1.assign_add(global_step, 1)
@@ -48,12 +56,14 @@ class ChiefStart:
                                              [], name="global_step_floor")
       self._raise_to_floor = global_step.assign(
           tf.maximum(global_step.read_value(), self._floor))
+      self._tokens_live = tf.compat.v1.is_variable_initialized(global_step)
     self._seen_step = lambda: None
     self._margin = 0
     # Whether this session started in the middle of a run whose sync state
     # lives on: a restarted chief kept the model, or a chief that lost a PS
-    # restored it while other PS tasks kept running. Other workers may be
-    # blocked on the token queue then (sync.SyncReplicasHook releases them).
+    # restored it while the PS with the token queues kept running. Other
+    # workers may be blocked on the token queue then (sync.SyncReplicasHook
+    # releases them).
     self.resumed_mid_run = False
 
   def remember_steps(self, seen_step, margin: int) -> None:
@@ -88,24 +98,31 @@ class ChiefStart:
     step = int(session.run(self._global_step))
     print(f"chief: the PS tasks still hold the model at global step {step}; "
           "keeping it rather than a checkpoint or fresh weights", flush=True)
-    if self._step_past_accumulators is not None:
+    if (self._step_past_accumulators is not None
+        and (self._last_step is None or step < self._last_step)):
       session.run(self._step_past_accumulators)
     return True
 
+  def _tokens_outlived_the_model(self, session) -> bool:
+    """Before a restore: whether the token queues' PS kept running."""
+    if self._step_past_accumulators is None:
+      return False
+    return bool(session.run(self._tokens_live))
 
-  def _step_past_live_accumulators(self, session) -> None:
+  def _step_past_live_tokens(self, session) -> None:
     seen = self._seen_step()
-    if self._step_past_accumulators is None or seen is None:
+    if seen is None:
       return
     self.resumed_mid_run = True
     restored = int(session.run(self._global_step))
     floor = seen + self._margin
+    if self._last_step is not None:
+      floor = min(floor, self._last_step)
     if floor > restored:
       session.run(self._raise_to_floor, {self._floor: floor})
       print(f"chief: restored the newest checkpoint (global step {restored}) "
-            f"and moved the global step on to {floor}, past where the sync "
-            "accumulators on the PS tasks that kept running stand",
-            flush=True)
+            f"and moved the global step on to {floor}, past the sync tokens "
+            "of the PS that kept running", flush=True)
 
 
 class _KeepingSaver(tf.compat.v1.train.Saver):
@@ -116,7 +133,10 @@ class _KeepingSaver(tf.compat.v1.train.Saver):
     self._start = start
 
   def restore(self, sess, save_path):
-    if self._start._keep(sess):  # pylint: disable=protected-access
+    start = self._start
+    if start._keep(sess):  # pylint: disable=protected-access
       return
+    tokens_live = start._tokens_outlived_the_model(sess)  # pylint: disable=protected-access
     super().restore(sess, save_path)
-    self._start._step_past_live_accumulators(sess)  # pylint: disable=protected-access
+    if tokens_live:
+      start._step_past_live_tokens(sess)  # pylint: disable=protected-access

@@ -26,7 +26,7 @@ job alone; the restarted chief must still exit 0 and write result.json.
 And a sync worker 1 stopped with SIGTERM rather than killed: it says it is done as it leaves, and
 once started again it must count as not done (the PS waits for it, and it tells the PS at its end).
 
-And more: sync with 2 PS, one of them killed and restarted (the survivor's accumulators stand ahead
+And more: sync with 2 PS, one of them killed and restarted (the survivor's sync tokens stand ahead
 of the restored checkpoint); and a sync worker lost for good (the chief names it; SIGTERM to the
 blocked chief ends its step and the run with a final checkpoint within seconds, and a chief left
 alone gives up after --wait_timeout_secs with a last checkpoint).
@@ -380,8 +380,10 @@ class FaultsTest(parameterized.TestCase):
 
 
 class TwoPsSyncTest(absltest.TestCase):
-  """Sync with 2 PS, one killed and restarted: the other keeps its accumulators, a step ahead of
-  the restored checkpoint; the chief must move the global step past them or no step completes."""
+  """Sync with 2 PS, one killed and restarted: the other, which holds the global step and the
+  token queues, keeps tokens ahead of the restored checkpoint; the chief must move the global step
+  past them or no step completes (without it, on 2026-11-25, both workers waited until
+  --wait_timeout_secs)."""
 
   def test_losing_one_of_two_ps_in_sync_mode(self):
     log_dir = testutil.make_tempdir(self)

@@ -7,6 +7,7 @@ sync_testlib.py; the end of a sync run is tested in test_sync_end.py.
 import contextlib
 import io
 import json
+import os
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ import time
 import tensorflow as tf
 
 from ps_trainer import cluster
+from ps_trainer import resume
 from ps_trainer import server as server_lib
 from ps_trainer import sync_replicas
 from ps_trainer import waits
@@ -178,6 +180,74 @@ class PsLifecycleTest(tf.test.TestCase):
     self.assertEqual(status, 143)
     self.assertLess(secs, 30)
     self.assertEqual(lines[-1], "ps 0: stopped on SIGTERM with 0 of 2 worker(s) done")
+
+
+class ChiefRestoreTest(tf.test.TestCase):
+  """A sync chief whose session lost a PS restores the model: past the tokens
+  a PS that kept running still holds, else at the checkpoint's step, so the
+  steps since it are trained again. A plain session stands for the PS tasks:
+  a new one holds nothing, as a restarted PS."""
+
+  CHECKPOINT_STEP, SEEN_STEP, MARGIN = 40, 70, 3
+
+  def setUp(self):
+    super().setUp()
+    self.graph = tf.Graph()
+    with self.graph.as_default():
+      self.global_step = tf.compat.v1.train.get_or_create_global_step()
+      self.weights = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+      self.model = [self.global_step, self.weights]
+      self.not_ready = waits.report_uninitialized(self.model)
+      self.set_step = self.global_step.assign(self.SEEN_STEP)
+    self.path = self._checkpoint()
+
+  def _chief_start(self, last_step: int) -> tuple:
+    """(the ChiefStart, its saver)."""
+    with self.graph.as_default():
+      start = resume.ChiefStart(self.model, self.not_ready, self.global_step,
+                                sync=True, last_step=last_step)
+      start.remember_steps(lambda: self.SEEN_STEP, margin=self.MARGIN)
+      return start, start.saver()
+
+  def _checkpoint(self) -> str:
+    with self.graph.as_default():
+      saver = tf.compat.v1.train.Saver(self.model)
+      with tf.compat.v1.Session(graph=self.graph) as session:
+        session.run(tf.compat.v1.variables_initializer(self.model))
+        session.run(self.global_step.assign(self.CHECKPOINT_STEP))
+        return saver.save(session, os.path.join(self.get_temp_dir(), "ckpt"))
+
+  def _restore(self, saver, tokens_kept: bool) -> tuple:
+    """(global step after the restore, what the chief said)."""
+    output = io.StringIO()
+    with tf.compat.v1.Session(graph=self.graph) as session:
+      if tokens_kept:  # The global step's PS (the token queues') kept running.
+        session.run([self.global_step.initializer, self.set_step])
+      with contextlib.redirect_stdout(output):
+        saver.restore(session, self.path)
+      self.assertAllEqual(session.run(self.weights), [1.0, 2.0])
+      return int(session.run(self.global_step)), output.getvalue()
+
+  def test_with_every_ps_restarted_it_goes_back_to_the_checkpoint(self):
+    start, saver = self._chief_start(last_step=1000)
+    step, said = self._restore(saver, tokens_kept=False)
+    self.assertEqual(step, self.CHECKPOINT_STEP)
+    self.assertEqual(said, "")
+    self.assertFalse(start.resumed_mid_run)  # Fresh queues: nobody to release.
+
+  def test_past_the_tokens_of_a_ps_that_kept_running(self):
+    start, saver = self._chief_start(last_step=1000)
+    step, said = self._restore(saver, tokens_kept=True)
+    self.assertEqual(step, self.SEEN_STEP + self.MARGIN)
+    self.assertIn(f"restored the newest checkpoint (global step "
+                  f"{self.CHECKPOINT_STEP}) and moved the global step on to "
+                  f"{self.SEEN_STEP + self.MARGIN}", said)
+    self.assertTrue(start.resumed_mid_run)
+
+  def test_never_past_the_last_step(self):
+    _, saver = self._chief_start(last_step=self.SEEN_STEP + 1)
+    step, _ = self._restore(saver, tokens_kept=True)
+    self.assertEqual(step, self.SEEN_STEP + 1)
 
 
 class AsyncTest(sync_testlib.SyncTestCase):
