@@ -96,6 +96,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       chief's sync thread applies none past it. None: no end.
     boundary_secs: how long the chief's end lets an aggregation in progress
       finish before it cancels the sync thread (final_checkpoint_guard).
+    ready_timeout_secs: how long a session's start waits for the chief to
+      initialize the model (--wait_timeout_secs).
   """
 
   def __init__(self, sync_optimizer, is_chief: bool, num_workers: int,
@@ -107,8 +109,10 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
                others_gone: Optional[Callable[[], bool]] = None,
                restarted: Optional[Callable[[], bool]] = None,
                last_step: Optional[int] = None,
-               boundary_secs: float = 0.25):
+               boundary_secs: float = 0.25,
+               ready_timeout_secs: float = 300.0):
     self._opt = sync_optimizer
+    self._ready_timeout_secs = ready_timeout_secs
     self._is_chief = is_chief
     self._num_workers = num_workers
     self._session_factory = session_factory
@@ -145,7 +149,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
 
   def after_create_session(self, session, coord):
     waits.wait_until(waits.uninitialized(session, self._ready_op),
-                     "the chief to initialize the model", timeout_secs=300,
+                     "the chief to initialize the model",
+                     timeout_secs=self._ready_timeout_secs,
                      stop=self._stop)
     session.run(self._local_init_op)
     self._step_started = None  # A step of a session that failed is over.
@@ -281,11 +286,15 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
   def end(self, session):
     self._ended.set()
     if self._stop_watch is not None:
-      # It wakes within 0.2 s; one in a release gives up within 5 s.
+      # It wakes within 0.2 s; a release in flight is bounded here.
       self._stop_watch.join(timeout=10)
     if self._is_chief:
-      self._release_workers(session)
+      # Aggregation first (FinalCheckpointGuard has done it already when
+      # present): a worker released from its step sends another gradient
+      # for the same global step, and a running sync thread would make
+      # steps of those alone.
       self._stop_sync_thread()
+      self._release_workers(session)
 
   def _release_workers(self, session):
     """Hands out tokens until every other replica says it is done (bounded)."""

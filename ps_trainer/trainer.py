@@ -227,7 +227,8 @@ def _sync_hook(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       workers_done=workers_done, stop=stop,
       others_gone=others.others_gone if cfg.cluster else None,
       restarted=lambda: tg.chief_start.resumed_mid_run,
-      last_step=cfg.train.train_steps)
+      last_step=cfg.train.train_steps,
+      ready_timeout_secs=cfg.train.wait_timeout_secs)
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:
