@@ -108,11 +108,13 @@ class _ReplicaSession(tf_session.SessionInterface):
   cancelled steps reported as a lost peer (UnavailableError)."""
 
   def __init__(self, session, budget: CancelBudget,
-               stopping: Callable[[], bool]):
+               stopping: Callable[[], bool],
+               on_lost: Callable[[Exception], None] = lambda e: None):
     self._session = session
     self._callables = _Callables(session)
     self._budget = budget
     self._stopping = stopping
+    self._on_lost = on_lost
 
   @property
   def graph(self):
@@ -125,12 +127,17 @@ class _ReplicaSession(tf_session.SessionInterface):
   def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
     try:
       return self._callables.run(fetches, feed_dict, options, run_metadata)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+      self._on_lost(e)  # MonitoredSession recovers; the new one says why.
+      raise
     except tf.errors.CancelledError as e:
       if self._stopping() or not self._budget.take():
         raise
-      raise tf.errors.UnavailableError(
+      lost = tf.errors.UnavailableError(
           e.node_def, e.op, "a step was cancelled, as happens when a PS "
-          f"goes away: {errors.first_line(e.message)}") from e
+          f"goes away: {errors.first_line(e.message)}")
+      self._on_lost(lost)
+      raise lost from e
 
   def partial_run_setup(self, *args, **kwargs):
     return self._session.partial_run_setup(*args, **kwargs)
@@ -156,15 +163,25 @@ class _AnnouncedCreator(train.SessionCreator):
     self._stopping = stopping
     self._cancels = CancelBudget()
     self._created = 0
+    self._lost_to = None  # The error that ended the last session, if seen.
 
   def create_session(self):
     if self._created:
+      why = ""
+      if self._lost_to is not None:
+        why = (f": {type(self._lost_to).__name__}: "
+               f"{errors.first_line(self._lost_to.message)}")
       print(f"{self._who}: lost the session (a PS or the chief stopped "
-            "answering); reconnecting", flush=True)
+            f"answering{why}); reconnecting", flush=True)
+      self._lost_to = None
     self._before()
     session = self._inner.create_session()
     self._created += 1
-    return _ReplicaSession(session, self._cancels, self._stopping)
+    return _ReplicaSession(session, self._cancels, self._stopping,
+                           on_lost=self._note_lost)
+
+  def _note_lost(self, error: Exception) -> None:
+    self._lost_to = error
 
 
 def monitored_session(*, who: str, is_chief: bool, target: str, config,

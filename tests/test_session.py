@@ -98,7 +98,9 @@ class CancelledStepTest(absltest.TestCase):
     # A new session, waited for like the first (a fresh one re-initializes
     # here: there is no PS to keep the model).
     self.assertEqual(sessions, 2)
-    self.assertIn("chief: lost the session", said)
+    self.assertIn("chief: lost the session (a PS or the chief stopped answering: "
+                  "UnavailableError: a step was cancelled, as happens when a PS goes away: ",
+                  said)
 
   def test_cancels_beyond_the_budget_end_the_run(self):
     with self.assertRaises(tf.errors.CancelledError):
