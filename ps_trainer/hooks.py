@@ -285,18 +285,29 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   `timeout_secs` ends the task through `stop.force_exit` (so the chief's last
   resort still writes a checkpoint).
 
+  A step can also hang inside TF while every peer answers: after a PS
+  restart, TF has been seen to send one RunGraph twice, and the step then
+  waits forever for the other half of it. No Python code can end that step,
+  but the task can start again. So when `restart_if()` says every peer
+  answers, the task restarts itself (`stop.restart`, a few times at most)
+  rather than exit.
+
   Args:
     stop: the task's StopRequest.
     what: () -> what the step waits for, e.g. "gradients of worker 1 at
       10.0.0.3:2222 (unreachable)".
     timeout_secs: the bound on one step.
+    restart_if: () -> whether the task may start again rather than exit;
+      None: never.
   """
 
   def __init__(self, stop: stops.StopRequest, what: Callable[[], str],
                timeout_secs: float, note_every_secs: float = 10.0,
-               poll_secs: float = 1.0):
+               poll_secs: float = 1.0,
+               restart_if: Optional[Callable[[], bool]] = None):
     self._stop = stop
     self._what = what
+    self._restart_if = restart_if
     self._timeout = timeout_secs
     self._note_every = note_every_secs
     self._poll = poll_secs
@@ -329,13 +340,26 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         continue
       waited = time.monotonic() - started
       if waited >= self._timeout:
-        self._stop.force_exit(
-            f"gave up after a step waited {waited:.0f} s for {self._what()} "
-            f"(--wait_timeout_secs={self._timeout:.0f}); the newest "
-            "checkpoint is kept, restart the task to go on", 1)
-        return  # Not reached: force_exit ends the process.
+        self._give_up(waited)
+        return  # Not reached: the process ends or starts again.
       if waited >= next_note:
         print(f"{self._stop.who}: this step has waited {waited:.0f} s for "
               f"{self._what()}; giving up after {self._timeout:.0f} s",
               flush=True)
         next_note += self._note_every
+
+  def _give_up(self, waited: float) -> None:
+    what = self._what()
+    if (self._restart_if is not None and not self._stop.requested
+        and self._stop.restarts_left() and self._restart_if()):
+      try:
+        self._stop.restart(
+            f"a step waited {waited:.0f} s (--wait_timeout_secs="
+            f"{self._timeout:.0f}) while every peer answers")
+        return  # Not reached: the program has started again.
+      except OSError as e:  # The program could not be started again.
+        what += f"; starting again failed: {e}"
+    self._stop.force_exit(
+        f"gave up after a step waited {waited:.0f} s for {what} "
+        f"(--wait_timeout_secs={self._timeout:.0f}); the newest "
+        "checkpoint is kept, restart the task to go on", 1)

@@ -11,6 +11,11 @@ from ps_trainer import server as server_lib
 from ps_trainer import waits
 
 
+# How long a task whose step is stuck waits for its peers to answer before
+# it starts itself again (hooks.StallWatchHook); TF takes 3-10 s to start.
+RESTART_GRACE_SECS = 30.0
+
+
 class Peers:
   """One replica's view of the rest of the cluster; inert in local mode.
 
@@ -30,6 +35,7 @@ class Peers:
     self._session_config = session_config
     self._stop = stop
     self._timeout = cfg.train.wait_timeout_secs
+    self._gone_when_named = set()  # Whom stall_reason found not answering.
 
   def wait(self) -> None:
     """Before each session: waits, saying so, for the PS tasks, then the chief,
@@ -69,15 +75,36 @@ class Peers:
 
   def stall_reason(self) -> str:
     """What a long step waits for: the peers it needs that do not answer."""
-    needed = self._info.ps_addresses()
-    waited_for = "the PS tasks"
-    if self._cfg.train.sync_replicas:
-      needed.update(self.other_replicas())
-      waited_for = "the gradients of the other workers"
-    gone = waits.unreachable(needed)
+    waited_for = ("the gradients of the other workers"
+                  if self._cfg.train.sync_replicas else "the PS tasks")
+    gone = waits.unreachable(self._needed())
+    self._gone_when_named = set(gone)
     if gone:
       return f"{waited_for}; not answering: {', '.join(gone)}"
     return f"{waited_for} (every known task answers: a slow or restarting peer?)"
+
+  def answer_for_a_restart(self, within_secs: float = RESTART_GRACE_SECS
+                           ) -> bool:
+    """Whether every peer a step needs answers, now or within `within_secs`.
+
+    The grace is for a peer that is starting again itself (the tasks of a
+    stuck sync step give up within a second of each other), not for one that
+    did not answer when the stall was last named either: that one is gone.
+    """
+    needed = self._needed()
+    gone = set(waits.unreachable(needed))
+    if not gone:
+      return True
+    if gone & self._gone_when_named:
+      return False
+    return not waits.still_unreachable(needed, within_secs)
+
+  def _needed(self) -> dict:
+    """{name: address} of the tasks a step of this replica needs."""
+    needed = self._info.ps_addresses()
+    if self._cfg.train.sync_replicas:
+      needed.update(self.other_replicas())
+    return needed
 
   def other_replicas(self) -> dict:
     """{name: address} of the other training replicas this task knows."""
@@ -99,9 +126,10 @@ class Peers:
       return
     if self._info.is_chief:
       self._stop.add_last_resort(self._save_checkpoint, "a last checkpoint")
+    # Not before a restart: the PS tasks could leave before it is back.
     self._stop.add_last_resort(
         lambda: self._signal_done(timeout_secs=5),
-        "telling the PS tasks this worker is done")
+        "telling the PS tasks this worker is done", before_restart=False)
 
   def _save_checkpoint(self) -> None:
     tg = self._tg

@@ -57,6 +57,8 @@ class ChiefStart:
       self._raise_to_floor = global_step.assign(
           tf.maximum(global_step.read_value(), self._floor))
       self._tokens_live = tf.compat.v1.is_variable_initialized(global_step)
+      # Run only by a restore; spare the others TF's "never used" dump.
+      getattr(self._tokens_live, "mark_used", lambda: None)()
     self._seen_step = lambda: None
     self._margin = 0
     # Whether this session started in the middle of a run whose sync state

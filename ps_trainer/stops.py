@@ -7,8 +7,9 @@ it is done. A task can be blocked inside TensorFlow when the signal arrives
 main thread runs; so the signals are received by a thread of their own
 (sigwait), which can still end the task if the clean stop does not come in
 time, after the last resorts (the chief's emergency checkpoint) had their
-chance. No TensorFlow here: main.py installs this before TF loads; the hooks
-that consult it are in hooks.py.
+chance. A task whose step is stuck inside TensorFlow while its peers answer
+starts itself again instead (`restart`). No TensorFlow here: main.py installs
+this before TF loads; the hooks that consult it are in hooks.py.
 """
 
 import os
@@ -22,6 +23,11 @@ from ps_trainer import errors
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _LAST_RESORT_SECS = 10.0
+
+# How many times a task may start itself again (StopRequest.restart), counted
+# across the restarts in this environment variable.
+MAX_RESTARTS = 3
+RESTARTS_ENV = "PS_TRAINER_RESTARTS"
 
 
 class StopRequest:
@@ -71,9 +77,11 @@ class StopRequest:
     threading.Thread(target=self._watch, name="ps_trainer_signals",
                      daemon=True).start()
 
-  def add_last_resort(self, action: Callable[[], None], what: str) -> None:
-    """`action` runs (bounded) before a forced exit; `what` names it."""
-    self._last_resorts.append((action, what))
+  def add_last_resort(self, action: Callable[[], None], what: str,
+                      before_restart: bool = True) -> None:
+    """`action` runs (bounded) before a forced exit, and before a restart
+    unless `before_restart` is False; `what` names it."""
+    self._last_resorts.append((action, what, before_restart))
 
   def request(self, signum: int) -> None:
     """What a received signal does (public for tests).
@@ -134,14 +142,39 @@ class StopRequest:
     with self._exiting:  # One forced exit, even if two threads get here.
       print(f"{self.who}: {reason}; exiting now with status {status}",
             flush=True)
-      for action, what in self._last_resorts:
-        worker = threading.Thread(target=_quietly,
-                                  args=(action, what, self.who), daemon=True)
-        worker.start()
-        worker.join(_LAST_RESORT_SECS)
-      sys.stdout.flush()
-      sys.stderr.flush()
+      self._run_last_resorts(restarting=False)
       os._exit(status)  # pylint: disable=protected-access
+
+  def restarts_left(self) -> int:
+    return max(0, MAX_RESTARTS - int(os.environ.get(RESTARTS_ENV, "0") or 0))
+
+  def restart(self, reason: str, execv=os.execv) -> None:
+    """Runs the last resorts that keep progress, then starts this program
+    again in this process, with the same command line (os.execv).
+
+    For a step stuck inside TensorFlow, which no Python code can end: the
+    process stays the same (its launcher, output and id), the new program
+    joins the job as a restarted task does. The caller checks
+    `restarts_left()` first.
+    """
+    with self._exiting:
+      count = MAX_RESTARTS - self.restarts_left() + 1
+      print(f"{self.who}: {reason}; starting this task again with the same "
+            f"command (restart {count} of at most {MAX_RESTARTS})", flush=True)
+      self._run_last_resorts(restarting=True)
+      os.environ[RESTARTS_ENV] = str(count)
+      execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+
+  def _run_last_resorts(self, restarting: bool) -> None:
+    for action, what, before_restart in self._last_resorts:
+      if restarting and not before_restart:
+        continue
+      worker = threading.Thread(target=_quietly,
+                                args=(action, what, self.who), daemon=True)
+      worker.start()
+      worker.join(_LAST_RESORT_SECS)
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def _quietly(action, what, who):

@@ -169,7 +169,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
   if cfg.cluster:
     every_replica.append(hooks_lib.StallWatchHook(
-        stop, others.stall_reason, cfg.train.wait_timeout_secs))
+        stop, others.stall_reason, cfg.train.wait_timeout_secs,
+        restart_if=others.answer_for_a_restart))
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),

@@ -409,6 +409,45 @@ class TwoPsSyncTest(absltest.TestCase):
     testutil.assert_no_leftover(marker=log_dir)
 
 
+class StuckStepTest(absltest.TestCase):
+  """A step stuck while every peer answers (as TF's duplicated RunGraph leaves one after a PS
+  restart): the task starts itself again rather than exit, and the job ends."""
+
+  def test_a_stuck_sync_step_restarts_its_tasks_and_the_job_finishes(self):
+    log_dir = testutil.make_tempdir(self)
+    train_steps, timeout_secs = 600, 15
+    cluster = FaultyCluster(self, log_dir, [
+        f"--train_steps={train_steps}", "--log_every_steps=50", "--save_checkpoints_secs=1",
+        "--sync_replicas", f"--wait_timeout_secs={timeout_secs}"])
+    cluster.wait_until(lambda: (cluster.last_step(CHIEF) or 0) >= 100,
+                       "chief progress line at global step 100 or later", START_TIMEOUT_SECS)
+    # A stopped worker 1 sends no gradient, but the kernel still accepts connections on its
+    # port: to the chief, its step hangs while every peer answers.
+    worker_1 = cluster.procs["worker-1"]
+    worker_1.signal_group(signal.SIGSTOP)
+    cluster.note("worker-1 SIGSTOP")
+    try:
+      cluster.wait_until(lambda: "starting this task again" in cluster.text(CHIEF),
+                         "the chief's restart", timeout_secs + 60)
+      cluster.wait_until(lambda: cluster.text(CHIEF).count("ps_trainer: worker 0 of 2") == 2,
+                         "the restarted chief's start", 60)
+    finally:
+      worker_1.signal_group(signal.SIGCONT)
+    cluster.note("worker-1 SIGCONT")
+    cluster.wait_all(RUN_TIMEOUT_SECS)
+    _, summary = cluster.assert_finished(log_dir, train_steps, True, ps="ps-0")
+    chief = cluster.text(CHIEF)
+    self.assertRegex(chief, r"chief: a step waited \d+ s \(--wait_timeout_secs=15\) while every "
+                     r"peer answers; starting this task again with the same command \(restart 1 "
+                     r"of at most 3\)", summary)
+    # Its last resort, then the model the PS still holds: the global step does not go back.
+    self.assertIn("chief: wrote a last checkpoint", chief, summary)
+    self.assertIn("chief: the PS tasks still hold the model at global step", chief, summary)
+    self.assertNotIn("exiting now with status", chief, summary)
+    self.assertNotIn("was never used", chief, summary)
+    testutil.assert_no_leftover(marker=log_dir)
+
+
 class LostSyncWorkerTest(absltest.TestCase):
   """A sync worker that dies for good: the chief names it, and still ends with a checkpoint,
   at once on SIGTERM, or after --wait_timeout_secs by itself."""

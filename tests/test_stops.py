@@ -2,12 +2,18 @@
 
 import contextlib
 import io
+import os
 import signal
+import socket
+import sys
+import threading
 import time
+from unittest import mock
 
 from absl.testing import absltest
 
 from ps_trainer import hooks
+from ps_trainer import peers
 from ps_trainer import stops
 from ps_trainer import waits
 
@@ -142,7 +148,130 @@ class WaitStopsTest(absltest.TestCase):
       self.assertEqual(len(pauses), 4)  # No pause once every one answers.
 
 
+class RestartTest(absltest.TestCase):
+  """A task starting itself again: what it keeps, what it says, how often."""
+
+  def setUp(self):
+    super().setUp()
+    self.enterContext(mock.patch.dict(os.environ))
+    os.environ.pop(stops.RESTARTS_ENV, None)
+
+  def test_it_saves_but_does_not_say_done_and_runs_the_same_command(self):
+    stop = stops.StopRequest("worker 1")
+    ran, started = [], []
+    stop.add_last_resort(lambda: ran.append("checkpoint"), "a last checkpoint")
+    stop.add_last_resort(lambda: ran.append("done"), "telling the PS tasks",
+                         before_restart=False)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      stop.restart("the step is stuck", execv=lambda *args: started.append(args))
+    self.assertEqual(ran, ["checkpoint"])
+    self.assertEqual(started, [(sys.executable, [sys.executable, *sys.orig_argv[1:]])])
+    self.assertEqual(os.environ[stops.RESTARTS_ENV], "1")
+    self.assertEqual(output.getvalue(), "worker 1: the step is stuck; starting this task again "
+                     f"with the same command (restart 1 of at most {stops.MAX_RESTARTS})\n")
+
+  def test_restarts_are_counted_across_the_restarted_programs(self):
+    stop = stops.StopRequest("chief")
+    self.assertEqual(stop.restarts_left(), stops.MAX_RESTARTS)
+    for _ in range(stops.MAX_RESTARTS):
+      with contextlib.redirect_stdout(io.StringIO()):
+        stop.restart("stuck", execv=lambda *args: None)
+    self.assertEqual(stop.restarts_left(), 0)
+
+
+class PeersForARestartTest(absltest.TestCase):
+  """Whether a stuck step's task may start again: its peers answer, now or soon."""
+
+  def setUp(self):
+    super().setUp()
+    import testutil  # pylint: disable=g-import-not-at-top
+    self.ps = self.listen(0)
+    self.chief_port, own_port = testutil.pick_free_ports(2)
+    self.cfg = testutil.make_config(
+        f"--ps_hosts=127.0.0.1:{self.ps.getsockname()[1]}",
+        f"--worker_hosts=127.0.0.1:{self.chief_port},127.0.0.1:{own_port}",
+        "--job_name=worker", "--task_index=1", "--sync_replicas")
+
+  def listen(self, port: int) -> socket.socket:
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    self.addCleanup(listener.close)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    return listener
+
+  def peers(self) -> peers.Peers:
+    return peers.Peers(self.cfg, None, "", None, None)
+
+  def test_every_peer_answering_allows_it(self):
+    self.listen(self.chief_port)
+    self.assertTrue(self.peers().answer_for_a_restart(within_secs=0))
+
+  def test_a_peer_that_comes_back_within_the_grace_allows_it(self):
+    # As the chief would, starting itself again a moment before this task.
+    back = threading.Timer(0.5, self.listen, args=(self.chief_port,))
+    back.start()
+    self.addCleanup(back.cancel)
+    self.assertTrue(self.peers().answer_for_a_restart(within_secs=10))
+
+  def test_a_peer_already_gone_when_the_stall_was_named_is_not_waited_for(self):
+    others = self.peers()
+    self.assertIn("not answering: worker 0", others.stall_reason())
+    started = time.monotonic()
+    self.assertFalse(others.answer_for_a_restart(within_secs=10))
+    self.assertLess(time.monotonic() - started, 5)
+
+
+class _RestartingStop(_RecordingStop):
+  """A _RecordingStop whose restarts are recorded too."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.restarted = []
+
+  def restart(self, reason, execv=None):
+    self.restarted.append(reason)
+
+
 class StallWatchHookTest(absltest.TestCase):
+
+  def give_up(self, stop, restart_if) -> None:
+    """Runs a step that never returns until the hook gives up on it."""
+    hook = hooks.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=0.3,
+                                note_every_secs=10, poll_secs=0.05, restart_if=restart_if)
+    with contextlib.redirect_stdout(io.StringIO()):
+      hook.after_create_session(None, None)
+      hook.before_run(None)
+      deadline = time.monotonic() + 10
+      while not (stop.forced or stop.restarted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+      hook.end(None)
+
+  def test_a_stuck_step_whose_peers_all_answer_starts_the_task_again(self):
+    self.enterContext(mock.patch.dict(os.environ))
+    os.environ.pop(stops.RESTARTS_ENV, None)
+    stop = _RestartingStop("chief")
+    self.give_up(stop, restart_if=lambda: True)
+    (reason,) = stop.restarted
+    self.assertRegex(reason, r"^a step waited \d s \(--wait_timeout_secs=0\) while every peer "
+                     r"answers$")
+    self.assertEqual(stop.forced, [])
+
+  def test_it_exits_when_a_peer_is_gone_a_stop_was_asked_or_no_restart_is_left(self):
+    cases = {"a peer gone": ({}, False, False), "a stop": ({}, True, True),
+             "none left": ({stops.RESTARTS_ENV: str(stops.MAX_RESTARTS)}, True, False)}
+    for name, (env, peers_answer, stop_requested) in cases.items():
+      with mock.patch.dict(os.environ, env):
+        stop = _RestartingStop("chief", grace_secs=600)
+        if stop_requested:
+          with contextlib.redirect_stdout(io.StringIO()):
+            stop.request(signal.SIGTERM)
+          self.addCleanup(stop.ended)
+        self.give_up(stop, restart_if=lambda answer=peers_answer: answer)
+        self.assertEqual(stop.restarted, [], name)
+        self.assertLen(stop.forced, 1, name)
+        self.assertEqual(stop.forced[0][1], 1, name)
 
   def test_a_long_step_is_named_and_then_given_up(self):
     stop = _RecordingStop("chief")
