@@ -51,7 +51,7 @@ class StopRequest:
     self._deadline_at = None  # While a requested stop is being carried out.
     self._disarm = None  # Set: that stop's deadline forces nothing.
     self._then = None  # What the task does once its stop was carried out.
-    self._last_resorts: List[tuple] = []  # (action, what)
+    self._last_resorts: List[tuple] = []  # (action, what, before_restart)
     self._exiting = threading.Lock()
 
   @property
@@ -146,7 +146,11 @@ class StopRequest:
       os._exit(status)  # pylint: disable=protected-access
 
   def restarts_left(self) -> int:
-    return max(0, MAX_RESTARTS - int(os.environ.get(RESTARTS_ENV, "0") or 0))
+    try:
+      done = int(os.environ.get(RESTARTS_ENV, "0") or 0)
+    except ValueError:  # Not ours to read: no restart counted.
+      done = 0
+    return max(0, MAX_RESTARTS - done)
 
   def restart(self, reason: str, execv=os.execv) -> None:
     """Runs the last resorts that keep progress, then starts this program
