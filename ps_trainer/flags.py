@@ -151,7 +151,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "a worker for a PS or the chief (at start and after losing them), one "
       "training step (a sync step waits for every aggregated worker), a PS "
       "for its workers when none of them answers. Waits name whom they wait "
-      "for every 10 s.")
+      "for every 10 s. A step stuck while every task it needs answers starts "
+      "its task again instead (at most 3 times).")
   _register_validators(fv)
   return sorted(set(fv) - before | {"log_dir"})
 
