@@ -349,7 +349,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         next_note += self._note_every
 
   def _give_up(self, waited: float) -> None:
-    what = self._what()
+    failed = ""
+    # restart_if() first: naming the stall (what()) also notes who is silent
+    # now, which must not count as silent already when it was last named.
     if (self._restart_if is not None and not self._stop.requested
         and self._stop.restarts_left() and self._restart_if()):
       try:
@@ -358,8 +360,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
             f"{self._timeout:.0f}) while every peer answers")
         return  # Not reached: the program has started again.
       except OSError as e:  # The program could not be started again.
-        what += f"; starting again failed: {e}"
+        failed = f"; starting again failed: {e}"
     self._stop.force_exit(
-        f"gave up after a step waited {waited:.0f} s for {what} "
-        f"(--wait_timeout_secs={self._timeout:.0f}); the newest "
+        f"gave up after a step waited {waited:.0f} s for {self._what()}"
+        f"{failed} (--wait_timeout_secs={self._timeout:.0f}); the newest "
         "checkpoint is kept, restart the task to go on", 1)

@@ -180,12 +180,25 @@ class RestartTest(absltest.TestCase):
     self.assertEqual(stop.restarts_left(), 0)
 
 
+class _RestartingStop(_RecordingStop):
+  """A _RecordingStop whose restarts are recorded too."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.restarted = []
+
+  def restart(self, reason, execv=None):
+    self.restarted.append(reason)
+
+
 class PeersForARestartTest(absltest.TestCase):
   """Whether a stuck step's task may start again: its peers answer, now or soon."""
 
   def setUp(self):
     super().setUp()
     import testutil  # pylint: disable=g-import-not-at-top
+    self.enterContext(mock.patch.dict(os.environ))
+    os.environ.pop(stops.RESTARTS_ENV, None)
     self.ps = self.listen(0)
     self.chief_port, own_port = testutil.pick_free_ports(2)
     self.cfg = testutil.make_config(
@@ -215,23 +228,32 @@ class PeersForARestartTest(absltest.TestCase):
     self.addCleanup(back.cancel)
     self.assertTrue(self.peers().answer_for_a_restart(within_secs=10))
 
+  def test_a_stuck_step_restarts_when_a_peer_restarting_with_it_comes_back(self):
+    # The chief and this worker give up on the same stuck step together; the chief is gone
+    # for the few seconds of its own restart when this one looks.
+    others = self.peers()
+    stop = _RestartingStop("worker 1")
+    hook = hooks.StallWatchHook(
+        stop, others.stall_reason, timeout_secs=0.3, note_every_secs=60, poll_secs=0.05,
+        restart_if=lambda: others.answer_for_a_restart(within_secs=10))
+    back = threading.Timer(1.0, self.listen, args=(self.chief_port,))
+    back.start()
+    self.addCleanup(back.cancel)
+    with contextlib.redirect_stdout(io.StringIO()):
+      hook.after_create_session(None, None)
+      hook.before_run(None)
+      deadline = time.monotonic() + 15
+      while not (stop.forced or stop.restarted) and time.monotonic() < deadline:
+        time.sleep(0.05)
+      hook.end(None)
+    self.assertLen(stop.restarted, 1, stop.forced)
+
   def test_a_peer_already_gone_when_the_stall_was_named_is_not_waited_for(self):
     others = self.peers()
     self.assertIn("not answering: worker 0", others.stall_reason())
     started = time.monotonic()
     self.assertFalse(others.answer_for_a_restart(within_secs=10))
     self.assertLess(time.monotonic() - started, 5)
-
-
-class _RestartingStop(_RecordingStop):
-  """A _RecordingStop whose restarts are recorded too."""
-
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
-    self.restarted = []
-
-  def restart(self, reason, execv=None):
-    self.restarted.append(reason)
 
 
 class StallWatchHookTest(absltest.TestCase):
