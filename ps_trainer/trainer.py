@@ -7,6 +7,7 @@ signals differ.
 
 import dataclasses
 import os
+import threading
 from typing import Optional
 
 import tensorflow as tf
@@ -96,11 +97,15 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
   tg.chief_start.remember_steps(lambda: hooks.progress.last_global_step,
                                 margin=cfg.num_workers + 1)
   others.add_last_resorts()
+  start_bound = _bound_a_restarted_start(cfg, stop, hooks.progress)
   try:
     _run_session(cfg, tg, target, session_config, hooks, others, stop)
   except (Diverged, waits.Stopped):
     others.leave()
     raise
+  finally:
+    if start_bound is not None:
+      start_bound.cancel()
   others.leave()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
@@ -109,6 +114,39 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
           f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
           "continues from it", flush=True)
   return result
+
+
+# A task that started itself again gets this many --wait_timeout_secs to
+# reach its first step: its waits for the PS tasks and the chief, and a step.
+RESTARTED_START_TIMEOUTS = 3
+
+
+def _bound_a_restarted_start(cfg, stop: stops.StopRequest,
+                             progress: hooks_lib.ProgressHook
+                             ) -> Optional[threading.Timer]:
+  """Ends a task that started itself again and reaches no step in time.
+
+  It started again because every peer accepted connections (StallWatchHook);
+  but a peer that accepts connections and does not serve (a stopped or
+  wedged process) would keep it waiting inside TF for good, where TF gives
+  no bound to creating a session.
+  """
+  if cfg.cluster is None or not stop.restarted:
+    return None
+  bound = RESTARTED_START_TIMEOUTS * cfg.train.wait_timeout_secs
+
+  def check():
+    if progress.last_global_step is None:
+      stop.force_exit(
+          f"started again, this task reached no step within {bound:.0f} s "
+          f"({RESTARTED_START_TIMEOUTS} x --wait_timeout_secs): a peer "
+          "accepts connections but does not answer TensorFlow? The newest "
+          "checkpoint is kept", 1)
+
+  timer = threading.Timer(bound, check)
+  timer.daemon = True
+  timer.start()
+  return timer
 
 
 def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,

@@ -185,10 +185,10 @@ class _RestartingStop(_RecordingStop):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    self.restarted = []
+    self.restarts = []
 
   def restart(self, reason, execv=None):
-    self.restarted.append(reason)
+    self.restarts.append(reason)
 
 
 class PeersForARestartTest(absltest.TestCase):
@@ -243,10 +243,10 @@ class PeersForARestartTest(absltest.TestCase):
       hook.after_create_session(None, None)
       hook.before_run(None)
       deadline = time.monotonic() + 15
-      while not (stop.forced or stop.restarted) and time.monotonic() < deadline:
+      while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
         time.sleep(0.05)
       hook.end(None)
-    self.assertLen(stop.restarted, 1, stop.forced)
+    self.assertLen(stop.restarts, 1, stop.forced)
 
   def test_a_peer_already_gone_when_the_stall_was_named_is_not_waited_for(self):
     others = self.peers()
@@ -266,7 +266,7 @@ class StallWatchHookTest(absltest.TestCase):
       hook.after_create_session(None, None)
       hook.before_run(None)
       deadline = time.monotonic() + 10
-      while not (stop.forced or stop.restarted) and time.monotonic() < deadline:
+      while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
         time.sleep(0.05)
       hook.end(None)
 
@@ -275,7 +275,7 @@ class StallWatchHookTest(absltest.TestCase):
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop = _RestartingStop("chief")
     self.give_up(stop, restart_if=lambda: True)
-    (reason,) = stop.restarted
+    (reason,) = stop.restarts
     self.assertRegex(reason, r"^a step waited \d s \(--wait_timeout_secs=0\) while every peer "
                      r"answers$")
     self.assertEqual(stop.forced, [])
@@ -291,7 +291,7 @@ class StallWatchHookTest(absltest.TestCase):
             stop.request(signal.SIGTERM)
           self.addCleanup(stop.ended)
         self.give_up(stop, restart_if=lambda answer=peers_answer: answer)
-        self.assertEqual(stop.restarted, [], name)
+        self.assertEqual(stop.restarts, [], name)
         self.assertLen(stop.forced, 1, name)
         self.assertEqual(stop.forced[0][1], 1, name)
 
