@@ -178,7 +178,7 @@ class ChiefStartedAgainTest(absltest.TestCase):
 
   def test_alone_it_exports_and_exits_0_and_with_its_ps_it_ends_the_run_as_before(self):
     log_dir = testutil.make_tempdir(self)
-    ps_port, worker_port = testutil.pick_free_ports(2)
+    ps_port, worker_port, second_worker_port = testutil.pick_free_ports(3)
     hosts = [f"--ps_hosts=127.0.0.1:{ps_port}", f"--worker_hosts=127.0.0.1:{worker_port}",
              f"--log_dir={log_dir}", *_RUN_FLAGS]
     self._run_ps_and_chief([*hosts, "--wait_timeout_secs=60"], log_dir, "run")
@@ -196,7 +196,7 @@ class ChiefStartedAgainTest(absltest.TestCase):
 
     # Another worker of the finished job started again, seeing its --log_dir: nothing to train.
     second_worker = [f"--ps_hosts=127.0.0.1:{ps_port}",
-                     f"--worker_hosts=127.0.0.1:{worker_port},127.0.0.1:{worker_port + 1}",
+                     f"--worker_hosts=127.0.0.1:{worker_port},127.0.0.1:{second_worker_port}",
                      f"--log_dir={log_dir}", *_RUN_FLAGS, "--wait_timeout_secs=2",
                      "--job_name=worker", "--task_index=1"]
     worker = self._start("worker-1-alone", second_worker, log_dir)
