@@ -191,6 +191,19 @@ class _RestartingStop(_RecordingStop):
     self.restarts.append(reason)
 
 
+def _stuck_step(stop: _RestartingStop, what, restart_if, timeout_secs: float = 15) -> None:
+  """Runs a step that never returns until a StallWatchHook (0.3 s bound) gives up on it."""
+  hook = hooks.StallWatchHook(stop, what, timeout_secs=0.3, note_every_secs=60,
+                              poll_secs=0.05, restart_if=restart_if)
+  with contextlib.redirect_stdout(io.StringIO()):
+    hook.after_create_session(None, None)
+    hook.before_run(None)
+    deadline = time.monotonic() + timeout_secs
+    while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    hook.end(None)
+
+
 class PeersForARestartTest(absltest.TestCase):
   """Whether a stuck step's task may start again: its peers answer, now or soon."""
 
@@ -233,19 +246,11 @@ class PeersForARestartTest(absltest.TestCase):
     # for the few seconds of its own restart when this one looks.
     others = self.peers()
     stop = _RestartingStop("worker 1")
-    hook = hooks.StallWatchHook(
-        stop, others.stall_reason, timeout_secs=0.3, note_every_secs=60, poll_secs=0.05,
-        restart_if=lambda: others.answer_for_a_restart(within_secs=10))
     back = threading.Timer(1.0, self.listen, args=(self.chief_port,))
     back.start()
     self.addCleanup(back.cancel)
-    with contextlib.redirect_stdout(io.StringIO()):
-      hook.after_create_session(None, None)
-      hook.before_run(None)
-      deadline = time.monotonic() + 15
-      while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
-        time.sleep(0.05)
-      hook.end(None)
+    _stuck_step(stop, others.stall_reason,
+                restart_if=lambda: others.answer_for_a_restart(within_secs=10))
     self.assertLen(stop.restarts, 1, stop.forced)
 
   def test_a_peer_already_gone_when_the_stall_was_named_is_not_waited_for(self):
@@ -258,23 +263,11 @@ class PeersForARestartTest(absltest.TestCase):
 
 class StallWatchHookTest(absltest.TestCase):
 
-  def give_up(self, stop, restart_if) -> None:
-    """Runs a step that never returns until the hook gives up on it."""
-    hook = hooks.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=0.3,
-                                note_every_secs=10, poll_secs=0.05, restart_if=restart_if)
-    with contextlib.redirect_stdout(io.StringIO()):
-      hook.after_create_session(None, None)
-      hook.before_run(None)
-      deadline = time.monotonic() + 10
-      while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
-        time.sleep(0.05)
-      hook.end(None)
-
   def test_a_stuck_step_whose_peers_all_answer_starts_the_task_again(self):
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop = _RestartingStop("chief")
-    self.give_up(stop, restart_if=lambda: True)
+    _stuck_step(stop, lambda: "the PS tasks", restart_if=lambda: True)
     (reason,) = stop.restarts
     self.assertRegex(reason, r"^a step waited \d s \(--wait_timeout_secs=0\) while every peer "
                      r"answers$")
@@ -290,7 +283,8 @@ class StallWatchHookTest(absltest.TestCase):
           with contextlib.redirect_stdout(io.StringIO()):
             stop.request(signal.SIGTERM)
           self.addCleanup(stop.ended)
-        self.give_up(stop, restart_if=lambda answer=peers_answer: answer)
+        _stuck_step(stop, lambda: "the PS tasks",
+                    restart_if=lambda answer=peers_answer: answer)
         self.assertEqual(stop.restarts, [], name)
         self.assertLen(stop.forced, 1, name)
         self.assertEqual(stop.forced[0][1], 1, name)
