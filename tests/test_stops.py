@@ -1,4 +1,4 @@
-"""Stop requests, the stall watch, and waits that end on a stop (no servers)."""
+"""Stop requests, the stall watch and its restarts, waits that end on a stop (no servers)."""
 
 import contextlib
 import io
@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+import types
 from unittest import mock
 
 from absl.testing import absltest
@@ -15,6 +16,7 @@ from absl.testing import absltest
 from ps_trainer import hooks
 from ps_trainer import peers
 from ps_trainer import stops
+from ps_trainer import trainer
 from ps_trainer import waits
 
 
@@ -259,6 +261,30 @@ class PeersForARestartTest(absltest.TestCase):
     started = time.monotonic()
     self.assertFalse(others.answer_for_a_restart(within_secs=10))
     self.assertLess(time.monotonic() - started, 5)
+
+
+class RestartedStartTest(absltest.TestCase):
+  """A task that started itself again must reach a step in time, or exit 1."""
+
+  def test_no_step_within_three_wait_timeouts_ends_it(self):
+    import testutil  # pylint: disable=g-import-not-at-top
+    cfg = testutil.make_config(
+        "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3", "--job_name=worker",
+        "--task_index=1", "--wait_timeout_secs=1")
+    stuck, stepping, fresh = (_RecordingStop("worker 1") for _ in range(3))
+    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: "1"}):
+      timers = [trainer._bound_a_restarted_start(  # pylint: disable=protected-access
+          cfg, stop, types.SimpleNamespace(last_global_step=step))
+                for stop, step in ((stuck, None), (stepping, 7))]
+    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: ""}):
+      self.assertIsNone(trainer._bound_a_restarted_start(  # pylint: disable=protected-access
+          cfg, fresh, types.SimpleNamespace(last_global_step=None)))
+    for timer in timers:
+      timer.join(10)
+    self.assertEqual(stuck.forced, [(
+        "started again, this task reached no step within 3 s (3 x --wait_timeout_secs): a peer "
+        "accepts connections but does not answer TensorFlow? The newest checkpoint is kept", 1)])
+    self.assertEqual(stepping.forced, [])
 
 
 class StallWatchHookTest(absltest.TestCase):

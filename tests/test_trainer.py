@@ -6,8 +6,6 @@ import json
 import os
 import signal
 import tempfile
-import types
-from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -140,37 +138,6 @@ class LocalTrainingTest(absltest.TestCase):
         "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3",
         "--job_name=worker", "--task_index=1")
     self.assertEqual(trainer.examples_per_global_step(sync_cfg), 64)
-
-
-class RestartedStartTest(absltest.TestCase):
-  """A task that started itself again must reach a step in time, or exit 1."""
-
-  class _Stop(stops.StopRequest):
-    def __init__(self):
-      super().__init__("worker 1")
-      self.forced = []
-
-    def force_exit(self, reason, status):
-      self.forced.append((reason, status))
-
-  def test_no_step_within_three_wait_timeouts_ends_it(self):
-    cfg = testutil.make_config(
-        "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3", "--job_name=worker",
-        "--task_index=1", "--wait_timeout_secs=1")
-    stuck, stepping, fresh = self._Stop(), self._Stop(), self._Stop()
-    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: "1"}):
-      timers = [trainer._bound_a_restarted_start(  # pylint: disable=protected-access
-          cfg, stop, types.SimpleNamespace(last_global_step=step))
-                for stop, step in ((stuck, None), (stepping, 7))]
-    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: ""}):
-      self.assertIsNone(trainer._bound_a_restarted_start(  # pylint: disable=protected-access
-          cfg, fresh, types.SimpleNamespace(last_global_step=None)))
-    for timer in timers:
-      timer.join(10)
-    self.assertEqual(stuck.forced, [(
-        "started again, this task reached no step within 3 s (3 x --wait_timeout_secs): a peer "
-        "accepts connections but does not answer TensorFlow? The newest checkpoint is kept", 1)])
-    self.assertEqual(stepping.forced, [])
 
 
 class DivergenceTest(absltest.TestCase):
