@@ -75,21 +75,13 @@ def cluster_restarted(cfg, stop) -> bool:
         f"{cfg.train.train_steps} in result.json and the newest checkpoint); "
         f"waiting up to {wait_secs:.0f} s for the PS tasks, in case the whole "
         "cluster was started again", flush=True)
-  answered = set()
-
-  def all_answer():
-    answered.update(name for name, address in ps.items()
-                    if name not in answered and waits.reachable(address))
-    return len(answered) == len(ps)
-
   try:
-    waits.wait_until(all_answer, lambda: ", ".join(
-        f"{name} at {address}" for name, address in ps.items()
-        if name not in answered), wait_secs, stop=stop)
+    waits.wait_for_addresses(ps, wait_secs, stop=stop)
     return True
-  except waits.WaitTimeout:
+  except waits.WaitTimeout as timeout:
+    answered = sorted(set(ps) - set(timeout.missing))
     if answered:
-      print(f"{cfg.task_name}: only {', '.join(sorted(answered))} answered: "
+      print(f"{cfg.task_name}: only {', '.join(answered)} answered: "
             "left over from the run, they give up on their own after "
             "--wait_timeout_secs", flush=True)
     return False

@@ -11,7 +11,15 @@ from typing import Callable
 
 
 class WaitTimeout(RuntimeError):
-  """A bounded wait ran out. The message is one line."""
+  """A bounded wait ran out. The message is one line.
+
+  `missing` is {name: address} of those a wait for addresses still lacked
+  (empty for other waits), so a caller can say who did answer.
+  """
+
+  def __init__(self, message: str, missing: dict = None):
+    super().__init__(message)
+    self.missing = dict(missing or {})
 
 
 class Stopped(RuntimeError):
@@ -94,13 +102,21 @@ def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
 
   TensorFlow itself would wait for a missing task silently and forever when
   the session is created; this says whom it waits for and gives up in time.
+  Each counts once it has answered, even if it goes away again.
+
+  Raises:
+    WaitTimeout: with `missing`, those that never answered.
+    Stopped: as `wait_until`.
   """
   missing = dict(named)
 
   def what():
     return ", ".join(f"{name} at {address}" for name, address in missing.items())
 
-  wait_until(lambda: _drop_reachable(missing), what, timeout_secs, **kwargs)
+  try:
+    wait_until(lambda: _drop_reachable(missing), what, timeout_secs, **kwargs)
+  except WaitTimeout as timeout:
+    raise WaitTimeout(str(timeout), missing) from None
 
 
 def still_unreachable(named: dict, within_secs: float, poll_secs: float = 0.5,

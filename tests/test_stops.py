@@ -149,6 +149,27 @@ class WaitStopsTest(absltest.TestCase):
                                                sleep=sleep), {})
       self.assertEqual(len(pauses), 4)  # No pause once every one answers.
 
+  def test_wait_for_addresses_gives_up_naming_those_that_never_answered(self):
+    import socket  # pylint: disable=g-import-not-at-top
+    import testutil  # pylint: disable=g-import-not-at-top
+    closed, = testutil.pick_free_ports(1)
+    with socket.socket() as listener:
+      listener.bind(("127.0.0.1", 0))
+      listener.listen()
+      open_address = f"127.0.0.1:{listener.getsockname()[1]}"
+      now = [0.0]
+
+      def sleep(secs):
+        now[0] += secs
+
+      with self.assertRaises(waits.WaitTimeout) as raised:
+        waits.wait_for_addresses(
+            {"ps 0": open_address, "ps 1": f"127.0.0.1:{closed}"}, 2.0,
+            clock=lambda: now[0], sleep=sleep)
+    self.assertEqual(str(raised.exception),
+                     f"gave up after 2 s waiting for ps 1 at 127.0.0.1:{closed}")
+    self.assertEqual(raised.exception.missing, {"ps 1": f"127.0.0.1:{closed}"})
+
 
 class RestartTest(absltest.TestCase):
   """A task starting itself again: what it keeps, what it says, how often."""
