@@ -7,7 +7,7 @@ is waiting for at intervals.
 
 import socket
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 
 class WaitTimeout(RuntimeError):
@@ -17,7 +17,7 @@ class WaitTimeout(RuntimeError):
   (empty for other waits), so a caller can say who did answer.
   """
 
-  def __init__(self, message: str, missing: dict = None):
+  def __init__(self, message: str, missing: Optional[dict] = None):
     super().__init__(message)
     self.missing = dict(missing or {})
 
