@@ -144,6 +144,11 @@ def _run_task(cfg) -> int:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
     return stop.exit_status()
   except tf.errors.ResourceExhaustedError as e:
+    if _disk_full(e.message):  # TF reports ENOSPC as resource exhaustion too.
+      _fail(f"a file system is full ({errors.first_line(e.message)}); free "
+            "space there (--log_dir holds the checkpoints, summaries and "
+            "export) and run the same command again: it continues from the "
+            "newest checkpoint", status=1)
     _fail(f"out of memory ({errors.first_line(e.message)}); the model is too "
           f"large for this host: {_smaller_model(cfg)}")
   except tf.errors.OpError as e:
@@ -166,6 +171,12 @@ def _run_task(cfg) -> int:
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
           "traceback)", status=1)
+
+
+def _disk_full(message: str) -> bool:
+  """Whether a ResourceExhaustedError is a full disk or quota, not memory."""
+  return any(words in (message or "") for words in (
+      "No space left on device", "Disk quota exceeded"))
 
 
 def _smaller_model(cfg) -> str:

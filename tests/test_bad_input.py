@@ -356,6 +356,35 @@ class BadInputTest(parameterized.TestCase):
     self.assertIn(path, lines[0], where)
     self.assertIn("record 150", lines[0], where)
 
+  def test_a_full_log_dir_is_named_a_full_disk_not_a_large_model(self):
+    # TF reports "No space left on device" as ResourceExhaustedError, its out-of-memory error.
+    tmp = testutil.make_tempdir(self)
+    full = os.path.join(tmp, "full")
+    os.makedirs(full)
+    argv = [testutil.PYTHON, "-m", "ps_trainer", "--dataset=synthetic", _SHORT,
+            f"--log_dir={full}/run"]
+    # A 96 KiB file system of its own, in a mount namespace of its own; exit 99: none here.
+    script = f"mount -t tmpfs -o size=96k tmpfs {full} || exit 99; exec {' '.join(argv)}"
+    try:
+      probe = subprocess.run(["unshare", "-m", "true"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    except FileNotFoundError:
+      self.skipTest("no unshare here")
+    if probe.returncode != 0:  # Not root, or a sandbox (Bazel's) that allows no namespace.
+      self.skipTest(f"no mount namespace here: {probe.stderr.strip()}")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=tmp,
+                          env=_user_env({}), stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=_TIMEOUT_SECS, check=False)
+    if proc.returncode == 99:
+      self.skipTest(f"cannot mount a small file system here: {proc.stderr.strip()}")
+    where = f"\n--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}"
+    self.assertNotIn("Traceback", proc.stdout + proc.stderr, where)
+    self.assertEqual(proc.returncode, 1, where)
+    last = proc.stderr.splitlines()[-1]
+    self.assertTrue(last.startswith(_PREFIX + "a file system is full ("), where)
+    self.assertIn("No space left on device", last, where)
+    self.assertIn("run the same command again", last, where)
+
 
 if __name__ == "__main__":
   absltest.main()
