@@ -317,6 +317,10 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
               "with status 1", flush=True)
         return 1
       time.sleep(poll_secs)
+  if stop.requested:  # Stopped tasks exit 128 + the signal, as the others.
+    print(f"ps {info.task_index}: every worker is done; stopped on "
+          f"{stop.signal_name}", flush=True)
+    return stop.exit_status()
   print(f"ps {info.task_index}: every worker is done; exiting", flush=True)
   return 0
 

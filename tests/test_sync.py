@@ -102,6 +102,28 @@ class PsLifecycleTest(tf.test.TestCase):
       ps.join(timeout=60)
     self.assertEqual(statuses, [143], output.getvalue())
 
+  def test_a_stopped_ps_whose_workers_then_say_done_exits_as_stopped(self):
+    # Ctrl-C reaches every task of a launch.sh cluster: the workers stop and say done, and
+    # the PS, stopped too, exits 130/143 as they do, not 0 as after a finished job.
+    info, ps_port, worker_ports = self.ps_info(2)
+    for port in worker_ports:  # They answer while they stop, so the PS waits for them.
+      worker = socket.socket()
+      worker.bind(("127.0.0.1", port))
+      worker.listen()
+      threading.Thread(target=self.accept_until_closed, args=(worker,), daemon=True).start()
+      self.addCleanup(self.close_listener, worker)
+    output = io.StringIO()
+    stop = FakeStop(grace_secs=600)
+    with contextlib.redirect_stdout(output):
+      ps, statuses = self.start_ps(info, stop, output, wait_timeout_secs=600)
+      stop.requested = True
+      for replica in (0, 1):
+        self.say_done(ps_port, num_workers=2, replica=replica)
+      ps.join(timeout=60)
+    self.assertEqual(statuses, [143], output.getvalue())
+    self.assertEqual(output.getvalue().splitlines()[-1],
+                     "ps 0: every worker is done; stopped on SIGTERM")
+
   def test_a_done_worker_still_counts_as_answering_but_is_not_named(self):
     info, ps_port, worker_ports = self.ps_info(2)
     # Worker 0 said done yet answers: stopped and started again, it trains on
