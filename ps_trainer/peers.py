@@ -99,6 +99,16 @@ class Peers:
       return False
     return not waits.still_unreachable(needed, within_secs)
 
+  def session_peers(self) -> str:
+    """"ps 0 at host:port, ...": the PS tasks and, for a non-chief, the
+    chief: the tasks a session start waits for."""
+    needed = self._info.ps_addresses()
+    if not self._info.is_chief:
+      chief = "chief" if self._info.has_chief_job else "worker 0"
+      needed.update((name, address) for name, address
+                    in self._info.replica_addresses().items() if name == chief)
+    return ", ".join(f"{name} at {address}" for name, address in needed.items())
+
   def _needed(self) -> dict:
     """{name: address} of the tasks a step of this replica needs."""
     needed = self._info.ps_addresses()

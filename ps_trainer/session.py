@@ -18,7 +18,7 @@ reason still ends the run.
 
 import collections
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 # Saver and start_queue_runners accept only SessionInterface instances.
@@ -189,18 +189,22 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
                       log_dir: Optional[str], save_checkpoint_secs,
                       save_checkpoint_steps, save_summaries_steps: int,
                       before_session: Callable[[], None],
+                      first_hooks: Sequence[train.SessionRunHook] = (),
                       stopping: Callable[[], bool] = lambda: False):
   """A MonitoredSession as MonitoredTrainingSession would build it.
 
   The chief restores from and checkpoints into `log_dir` and writes
   summaries there; hooks run in MonitoredTrainingSession's order (chief
-  hooks, summaries, checkpoints, then `hooks`). `stopping()` is True once
-  this task was asked to stop: a cancelled step is then not a lost peer.
+  hooks, summaries, checkpoints, then `hooks`), after `first_hooks`: a
+  hook that times the step (the stall watch) must see it end before the
+  others' after_run, a checkpoint save among them, counts as its time.
+  `stopping()` is True once this task was asked to stop: a cancelled step
+  is then not a lost peer.
   """
   if is_chief:
     inner = train.ChiefSessionCreator(scaffold=scaffold, master=target,
                                       config=config, checkpoint_dir=log_dir)
-    all_hooks = list(chief_hooks)
+    all_hooks = list(first_hooks) + list(chief_hooks)
     if log_dir:
       all_hooks.append(train.SummarySaverHook(
           scaffold=scaffold, save_steps=save_summaries_steps,
@@ -212,7 +216,7 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
   else:
     inner = train.WorkerSessionCreator(scaffold=scaffold, master=target,
                                        config=config)
-    all_hooks = list(hooks)
+    all_hooks = list(first_hooks) + list(hooks)
   return train.MonitoredSession(
       session_creator=_AnnouncedCreator(inner, before_session, who, stopping),
       hooks=all_hooks, stop_grace_period_secs=10)

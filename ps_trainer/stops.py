@@ -22,6 +22,8 @@ from typing import Callable, List
 from ps_trainer import errors
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# All last resorts together: after the 20 s grace, a forced exit ends within
+# 30 s, before launch.sh's SIGKILL at 35.
 _LAST_RESORT_SECS = 10.0
 
 # How many times a task may start itself again (StopRequest.restart), counted
@@ -52,7 +54,8 @@ class StopRequest:
     self._disarm = None  # Set: that stop's deadline forces nothing.
     self._then = None  # What the task does once its stop was carried out.
     self._last_resorts: List[tuple] = []  # (action, what, before_restart)
-    self._exiting = threading.Lock()
+    # Reentrant: a restart asked to stop meanwhile exits through force_exit.
+    self._exiting = threading.RLock()
 
   @property
   def requested(self) -> bool:
@@ -142,7 +145,7 @@ class StopRequest:
     with self._exiting:  # One forced exit, even if two threads get here.
       print(f"{self.who}: {reason}; exiting now with status {status}",
             flush=True)
-      self._run_last_resorts(restarting=False)
+      self._run_last_resorts()
       os._exit(status)  # pylint: disable=protected-access
 
   @property
@@ -167,21 +170,41 @@ class StopRequest:
     `restarts_left()` first.
     """
     with self._exiting:
+      if self.requested:  # Asked to stop while deciding: a stop, not a start.
+        self.force_exit(f"{reason}, but {self.signal_name} asked this task "
+                        "to stop", self.exit_status())
+        return  # Only where force_exit is replaced (tests).
       count = MAX_RESTARTS - self.restarts_left() + 1
       print(f"{self.who}: {reason}; starting this task again with the same "
             f"command (restart {count} of at most {MAX_RESTARTS})", flush=True)
-      self._run_last_resorts(restarting=True)
+      self._run_last_resorts(lambda before_restart: before_restart)
+      if self.requested:  # Asked during those last resorts.
+        self.force_exit(f"{self.signal_name} asked this task to stop while "
+                        "it was starting again", self.exit_status())
+        return
       os.environ[RESTARTS_ENV] = str(count)
       execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
-  def _run_last_resorts(self, restarting: bool) -> None:
+  def _run_last_resorts(self, chosen: Callable[[bool], bool] = lambda _: True
+                        ) -> None:
+    """Runs those `chosen(before_restart)` picks, in order, within
+    _LAST_RESORT_SECS in all, saying which one did not finish or had no
+    time left (a peer that does not answer)."""
+    deadline = time.monotonic() + _LAST_RESORT_SECS
     for action, what, before_restart in self._last_resorts:
-      if restarting and not before_restart:
+      if not chosen(before_restart):
+        continue
+      left = deadline - time.monotonic()
+      if left <= 0:
+        print(f"{self.who}: no time left for {what}", flush=True)
         continue
       worker = threading.Thread(target=_quietly,
                                 args=(action, what, self.who), daemon=True)
       worker.start()
-      worker.join(_LAST_RESORT_SECS)
+      worker.join(left)
+      if worker.is_alive():
+        print(f"{self.who}: {what} did not finish within {left:.0f} s",
+              flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
 

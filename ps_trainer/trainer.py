@@ -7,7 +7,6 @@ signals differ.
 
 import dataclasses
 import os
-import threading
 from typing import Optional
 
 import tensorflow as tf
@@ -47,6 +46,7 @@ class _Hooks:
   chief_only: list
   progress: hooks_lib.ProgressHook
   result: Optional[hooks_lib.ResultHook]  # The chief's.
+  stall_watch: Optional[hooks_lib.StallWatchHook]  # A cluster task's.
 
 
 def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
@@ -97,15 +97,11 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
   tg.chief_start.remember_steps(lambda: hooks.progress.last_global_step,
                                 margin=cfg.num_workers + 1)
   others.add_last_resorts()
-  start_bound = _bound_a_restarted_start(cfg, stop, hooks.progress)
   try:
     _run_session(cfg, tg, target, session_config, hooks, others, stop)
   except (Diverged, waits.Stopped):
     others.leave()
     raise
-  finally:
-    if start_bound is not None:
-      start_bound.cancel()
   others.leave()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
@@ -116,53 +112,27 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
   return result
 
 
-# A task that started itself again gets this many --wait_timeout_secs to
-# reach its first step: its waits for the PS tasks and the chief, and a step.
-RESTARTED_START_TIMEOUTS = 3
-
-
-def _bound_a_restarted_start(cfg, stop: stops.StopRequest,
-                             progress: hooks_lib.ProgressHook
-                             ) -> Optional[threading.Timer]:
-  """Ends a task that started itself again and reaches no step in time.
-
-  It started again because every peer accepted connections (StallWatchHook);
-  but a peer that accepts connections and does not serve (a stopped or
-  wedged process) would keep it waiting inside TF for good, where TF gives
-  no bound to creating a session.
-  """
-  if cfg.cluster is None or not stop.restarted:
-    return None
-  bound = RESTARTED_START_TIMEOUTS * cfg.train.wait_timeout_secs
-
-  def check():
-    if progress.last_global_step is None:
-      stop.force_exit(
-          f"started again, this task reached no step within {bound:.0f} s "
-          f"({RESTARTED_START_TIMEOUTS} x --wait_timeout_secs): a peer "
-          "accepts connections but does not answer TensorFlow? The newest "
-          "checkpoint is kept", 1)
-
-  timer = threading.Timer(bound, check)
-  timer.daemon = True
-  timer.start()
-  return timer
-
-
 def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                  hooks: _Hooks, others: peers.Peers,
                  stop: stops.StopRequest) -> None:
   """The session loop: train until a hook says stop."""
+
+  def before_session():
+    if hooks.stall_watch is not None:
+      hooks.stall_watch.session_starting()
+    others.wait()
+
   with tg.graph.as_default():
     session = session_lib.monitored_session(
         who=cfg.task_name, is_chief=cfg.is_chief, target=target,
         config=session_config, scaffold=_scaffold(tg),
         hooks=hooks.every_replica, chief_hooks=hooks.chief_only,
+        first_hooks=[hooks.stall_watch] if hooks.stall_watch else [],
         log_dir=cfg.train.log_dir if cfg.is_chief else None,
         save_checkpoint_secs=cfg.train.save_checkpoints_secs,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
         save_summaries_steps=SUMMARY_STEPS,
-        before_session=others.wait,
+        before_session=before_session,
         stopping=lambda: stop.requested)
     try:
       with session:
@@ -205,10 +175,12 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       hooks_lib.ReleaseInputThreadHook(
           lambda: host_cores.release_threads(data.INPUT_THREAD_NAME)),
       hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
+  stall_watch = None
   if cfg.cluster:
-    every_replica.append(hooks_lib.StallWatchHook(
+    stall_watch = hooks_lib.StallWatchHook(
         stop, others.stall_reason, cfg.train.wait_timeout_secs,
-        restart_if=others.answer_for_a_restart))
+        restart_if=others.answer_for_a_restart,
+        start_peers=others.session_peers)
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),
@@ -222,7 +194,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
     sync_hook = _sync_hook(cfg, tg, target, session_config, stop, others)
     every_replica.append(sync_hook)
   if not cfg.is_chief:
-    return _Hooks(every_replica, [], progress, None)
+    return _Hooks(every_replica, [], progress, None, stall_watch)
   chief_only = [hooks_lib.PublishHook(
       tg.signature, run_signature.encode(tg.own_signature))]
   if sync_hook is not None:
@@ -232,7 +204,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
       os.path.join(cfg.train.log_dir, "result.json"), progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
-  return _Hooks(every_replica, chief_only, progress, result)
+  return _Hooks(every_replica, chief_only, progress, result, stall_watch)
 
 
 def _file_stem(cfg: config_lib.Config) -> str:

@@ -5,7 +5,6 @@ into a log dir; the evaluator reads them as it would from a cluster's chief.
 """
 
 import glob
-import json
 import os
 import signal
 import threading

@@ -128,6 +128,34 @@ class CancelledStepTest(absltest.TestCase):
     # The CheckpointSaverHook saved through the wrapped session.
     self.assertEqual(tf.train.latest_checkpoint(log_dir),
                      f"{log_dir}/model.ckpt-0")
+  def test_first_hooks_see_the_step_end_before_the_checkpoint_saver_runs(self):
+    # The stall watch times a step: a save after it (slow for a big model) is not the step's.
+    log_dir = testutil.make_tempdir(self)
+    seen = {}
+
+    class _NewestCheckpoint(tf.compat.v1.train.SessionRunHook):
+
+      def __init__(self, name):
+        self.name = name
+
+      def after_run(self, run_context, run_values):
+        seen[self.name] = tf.train.latest_checkpoint(log_dir)
+
+    graph = tf.Graph()
+    with graph.as_default():
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      train_op = tf.compat.v1.assign_add(global_step, 1)
+      session = session_lib.monitored_session(
+          who="chief", is_chief=True, target="", config=None,
+          scaffold=tf.compat.v1.train.Scaffold(), hooks=[_NewestCheckpoint("last")],
+          chief_hooks=[], first_hooks=[_NewestCheckpoint("first")], log_dir=log_dir,
+          save_checkpoint_secs=None, save_checkpoint_steps=1, save_summaries_steps=100,
+          before_session=lambda: None)
+      with session:
+        session.run(train_op)
+    self.assertEqual(seen, {"first": f"{log_dir}/model.ckpt-0",
+                            "last": f"{log_dir}/model.ckpt-1"})
+
 
 if __name__ == "__main__":
   absltest.main()

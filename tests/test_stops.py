@@ -1,6 +1,7 @@
 """Stop requests, the stall watch and its restarts, waits that end on a stop (no servers)."""
 
 import contextlib
+import dataclasses
 import io
 import os
 import signal
@@ -8,7 +9,6 @@ import socket
 import sys
 import threading
 import time
-import types
 from unittest import mock
 
 from absl.testing import absltest
@@ -16,7 +16,6 @@ from absl.testing import absltest
 from ps_trainer import hooks
 from ps_trainer import peers
 from ps_trainer import stops
-from ps_trainer import trainer
 from ps_trainer import waits
 
 
@@ -202,6 +201,40 @@ class RestartTest(absltest.TestCase):
         stop.restart("stuck", execv=lambda *args: None)
     self.assertEqual(stop.restarts_left(), 0)
 
+  def test_a_stop_asked_before_or_during_a_restart_ends_the_task_instead(self):
+    # A signal in the seconds the stall watch spends deciding, or during the restart's last
+    # checkpoint, must not be wiped out by the exec.
+    for when in ("before", "during"):
+      stop = _RecordingStop("chief", grace_secs=600)
+      self.addCleanup(stop.ended)
+      started = []
+      with contextlib.redirect_stdout(io.StringIO()):
+        if when == "before":
+          stop.request(signal.SIGTERM)
+        else:
+          stop.add_last_resort(lambda s=stop: s.request(signal.SIGTERM), "a last checkpoint")
+        stop.restart("a step waited 9 s", execv=lambda *args: started.append(args))
+      self.assertEqual(started, [], when)
+      expected = ("a step waited 9 s, but SIGTERM asked this task to stop" if when == "before"
+                  else "SIGTERM asked this task to stop while it was starting again")
+      self.assertEqual(stop.forced, [(expected, 143)], when)
+      self.assertNotIn(stops.RESTARTS_ENV, os.environ)
+
+  def test_last_resorts_share_one_budget_and_name_the_one_cut_short(self):
+    stop = stops.StopRequest("chief")
+    ran = []
+    stop.add_last_resort(lambda: time.sleep(2), "a last checkpoint")
+    stop.add_last_resort(lambda: ran.append("done"), "telling the PS tasks")
+    output = io.StringIO()
+    with mock.patch.object(stops, "_LAST_RESORT_SECS", 0.3), contextlib.redirect_stdout(output):
+      started = time.monotonic()
+      stop._run_last_resorts()  # pylint: disable=protected-access
+      took = time.monotonic() - started
+    self.assertLess(took, 1.5)
+    self.assertEqual(ran, [])
+    self.assertEqual(output.getvalue(), "chief: a last checkpoint did not finish within 0 s\n"
+                     "chief: no time left for telling the PS tasks\n")
+
 
 class _RestartingStop(_RecordingStop):
   """A _RecordingStop whose restarts are recorded too."""
@@ -283,29 +316,74 @@ class PeersForARestartTest(absltest.TestCase):
     self.assertFalse(others.answer_for_a_restart(within_secs=10))
     self.assertLess(time.monotonic() - started, 5)
 
+  def test_a_session_start_names_the_ps_tasks_and_for_a_worker_the_chief(self):
+    ps = f"ps 0 at 127.0.0.1:{self.ps.getsockname()[1]}"
+    self.assertEqual(self.peers().session_peers(),
+                     f"{ps}, worker 0 at 127.0.0.1:{self.chief_port}")
+    self.cfg = dataclasses.replace(
+        self.cfg, cluster=dataclasses.replace(self.cfg.cluster, task_index=0))
+    self.assertEqual(self.peers().session_peers(), ps)
 
-class RestartedStartTest(absltest.TestCase):
-  """A task that started itself again must reach a step in time, or exit 1."""
 
-  def test_no_step_within_three_wait_timeouts_ends_it(self):
-    import testutil  # pylint: disable=g-import-not-at-top
-    cfg = testutil.make_config(
-        "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3", "--job_name=worker",
-        "--task_index=1", "--wait_timeout_secs=1")
-    stuck, stepping, fresh = (_RecordingStop("worker 1") for _ in range(3))
-    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: "1"}):
-      timers = [trainer._bound_a_restarted_start(  # pylint: disable=protected-access
-          cfg, stop, types.SimpleNamespace(last_global_step=step))
-                for stop, step in ((stuck, None), (stepping, 7))]
-    with mock.patch.dict(os.environ, {stops.RESTARTS_ENV: ""}):
-      self.assertIsNone(trainer._bound_a_restarted_start(  # pylint: disable=protected-access
-          cfg, fresh, types.SimpleNamespace(last_global_step=None)))
-    for timer in timers:
-      timer.join(10)
-    self.assertEqual(stuck.forced, [(
-        "started again, this task reached no step within 3 s (3 x --wait_timeout_secs): a peer "
-        "accepts connections but does not answer TensorFlow? The newest checkpoint is kept", 1)])
-    self.assertEqual(stepping.forced, [])
+class SessionStartBoundTest(absltest.TestCase):
+  """A session start that never reaches a step ends the task; it is not a stuck step."""
+
+  def watch(self, stop, restart_if=None):
+    return hooks.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=0.3,
+                                note_every_secs=60, poll_secs=0.05, restart_if=restart_if,
+                                start_peers=lambda: "ps 0 at h:1")
+
+  def wait_for(self, stop, secs):
+    deadline = time.monotonic() + secs
+    while not (stop.forced or getattr(stop, "restarts", None)) and time.monotonic() < deadline:
+      time.sleep(0.05)
+
+  def test_no_step_within_four_wait_timeouts_of_a_session_start_ends_it(self):
+    stop = _RecordingStop("worker 1")
+    hook = self.watch(stop)
+    hook.session_starting()  # TF never comes back from creating the session.
+    self.wait_for(stop, 10)
+    hook.end(None)
+    (reason, status), = stop.forced
+    self.assertEqual(status, 1)
+    self.assertRegex(reason, r"^gave up after 1 s starting a session without reaching a step "
+                     r"\(at most 1 s, 4 x --wait_timeout_secs\): ps 0 at h:1 accept connections, "
+                     r"so one of them may not be serving \(stopped, paused or wedged\); the "
+                     r"newest checkpoint is kept$")
+
+  def test_a_session_that_reaches_a_step_in_time_is_left_alone(self):
+    stop = _RecordingStop("worker 1")
+    hook = self.watch(stop)
+    hook.session_starting()
+    time.sleep(0.6)  # Past one --wait_timeout_secs, within four.
+    hook.before_run(None)
+    hook.after_run(None, None)
+    time.sleep(1.5)  # Past four, counted from the start: the step ended it.
+    hook.end(None)
+    self.assertEqual(stop.forced, [])
+
+  def test_a_lost_step_stops_its_clock_when_the_next_session_starts(self):
+    # A step that failed (the PS went away) never gets its after_run; the waits for the PS and
+    # the chief that follow are not that step, and no restart may be spent on them.
+    stop = _RestartingStop("worker 1")
+    hook = self.watch(stop, restart_if=lambda: True)
+    with contextlib.redirect_stdout(io.StringIO()):
+      hook.session_starting()
+      hook.before_run(None)  # This step fails inside TF: no after_run.
+      hook.session_starting()  # MonitoredSession makes the session again.
+      time.sleep(0.9)  # Three step bounds, within the start's four.
+      hook.before_run(None)
+      hook.after_run(None, None)
+      hook.end(None)
+    self.assertEqual((stop.forced, stop.restarts), ([], []))
+
+  def test_without_start_peers_a_session_start_is_not_bounded(self):
+    stop = _RecordingStop("chief")
+    hook = hooks.StallWatchHook(stop, lambda: "x", timeout_secs=0.1, poll_secs=0.05)
+    hook.session_starting()
+    time.sleep(0.8)
+    hook.end(None)
+    self.assertEqual(stop.forced, [])
 
 
 class StallWatchHookTest(absltest.TestCase):
