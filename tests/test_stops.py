@@ -125,49 +125,52 @@ class WaitStopsTest(absltest.TestCase):
                      [f"worker 1 at 127.0.0.1:{port}"])
 
   def test_still_unreachable_polls_for_its_grace_then_keeps_the_silent(self):
-    import socket  # pylint: disable=g-import-not-at-top
-    import testutil  # pylint: disable=g-import-not-at-top
-    closed, = testutil.pick_free_ports(1)
-    with socket.socket() as listener:
-      listener.bind(("127.0.0.1", 0))
-      listener.listen()
-      open_address = f"127.0.0.1:{listener.getsockname()[1]}"
-      now = [0.0]
-      pauses = []
-
-      def sleep(secs):
-        pauses.append(secs)
-        now[0] += secs
-
+    clock = _FakeClock()
+    with _one_open_address_one_closed() as (open_address, closed_address):
       missing = waits.still_unreachable(
-          {0: open_address, 1: f"127.0.0.1:{closed}"}, within_secs=2.0,
-          poll_secs=0.5, clock=lambda: now[0], sleep=sleep)
-      self.assertEqual(missing, {1: f"127.0.0.1:{closed}"})
-      self.assertEqual(pauses, [0.5] * 4)  # Polled until the grace ran out.
+          {0: open_address, 1: closed_address}, within_secs=2.0,
+          poll_secs=0.5, clock=clock.now, sleep=clock.sleep)
+      self.assertEqual(missing, {1: closed_address})
+      self.assertEqual(clock.pauses, [0.5] * 4)  # Polled until the grace ran out.
       self.assertEqual(waits.still_unreachable({0: open_address}, 2.0,
-                                               sleep=sleep), {})
-      self.assertEqual(len(pauses), 4)  # No pause once every one answers.
+                                               sleep=clock.sleep), {})
+      self.assertEqual(len(clock.pauses), 4)  # No pause once every one answers.
 
   def test_wait_for_addresses_gives_up_naming_those_that_never_answered(self):
-    import socket  # pylint: disable=g-import-not-at-top
-    import testutil  # pylint: disable=g-import-not-at-top
-    closed, = testutil.pick_free_ports(1)
-    with socket.socket() as listener:
-      listener.bind(("127.0.0.1", 0))
-      listener.listen()
-      open_address = f"127.0.0.1:{listener.getsockname()[1]}"
-      now = [0.0]
-
-      def sleep(secs):
-        now[0] += secs
-
+    clock = _FakeClock()
+    with _one_open_address_one_closed() as (open_address, closed_address):
       with self.assertRaises(waits.WaitTimeout) as raised:
-        waits.wait_for_addresses(
-            {"ps 0": open_address, "ps 1": f"127.0.0.1:{closed}"}, 2.0,
-            clock=lambda: now[0], sleep=sleep)
+        waits.wait_for_addresses({"ps 0": open_address, "ps 1": closed_address}, 2.0,
+                                 clock=clock.now, sleep=clock.sleep)
     self.assertEqual(str(raised.exception),
-                     f"gave up after 2 s waiting for ps 1 at 127.0.0.1:{closed}")
-    self.assertEqual(raised.exception.missing, {"ps 1": f"127.0.0.1:{closed}"})
+                     f"gave up after 2 s waiting for ps 1 at {closed_address}")
+    self.assertEqual(raised.exception.missing, {"ps 1": closed_address})
+
+
+class _FakeClock:
+  """A monotonic clock that moves only when slept on, and the pauses it was asked for."""
+
+  def __init__(self):
+    self.time = 0.0
+    self.pauses = []
+
+  def now(self) -> float:
+    return self.time
+
+  def sleep(self, secs: float) -> None:
+    self.pauses.append(secs)
+    self.time += secs
+
+
+@contextlib.contextmanager
+def _one_open_address_one_closed():
+  """Yields ("127.0.0.1:port" that accepts connections, one that refuses them)."""
+  import testutil  # pylint: disable=g-import-not-at-top
+  closed, = testutil.pick_free_ports(1)
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    yield f"127.0.0.1:{listener.getsockname()[1]}", f"127.0.0.1:{closed}"
 
 
 class RestartTest(absltest.TestCase):

@@ -107,11 +107,7 @@ class PsLifecycleTest(tf.test.TestCase):
     # the PS, stopped too, exits 130/143 as they do, not 0 as after a finished job.
     info, ps_port, worker_ports = self.ps_info(2)
     for port in worker_ports:  # They answer while they stop, so the PS waits for them.
-      worker = socket.socket()
-      worker.bind(("127.0.0.1", port))
-      worker.listen()
-      threading.Thread(target=self.accept_until_closed, args=(worker,), daemon=True).start()
-      self.addCleanup(self.close_listener, worker)
+      self.answering_worker(port)
     output = io.StringIO()
     stop = FakeStop(grace_secs=600)
     with contextlib.redirect_stdout(output):
@@ -128,11 +124,7 @@ class PsLifecycleTest(tf.test.TestCase):
     info, ps_port, worker_ports = self.ps_info(2)
     # Worker 0 said done yet answers: stopped and started again, it trains on
     # with its flag still set. Worker 1 never came.
-    worker0 = socket.socket()
-    worker0.bind(("127.0.0.1", worker_ports[0]))
-    worker0.listen()
-    threading.Thread(target=self.accept_until_closed, args=(worker0,), daemon=True).start()
-    self.addCleanup(self.close_listener, worker0)
+    worker0 = self.answering_worker(worker_ports[0])
     output = io.StringIO()
     stop = FakeStop(grace_secs=1.0)
     with contextlib.redirect_stdout(output):
@@ -158,6 +150,15 @@ class PsLifecycleTest(tf.test.TestCase):
         listener.accept()[0].close()
       except OSError:
         return
+
+  def answering_worker(self, port: int) -> socket.socket:
+    """A listener on a worker's port that accepts connections until the test ends."""
+    worker = socket.socket()
+    worker.bind(("127.0.0.1", port))
+    worker.listen()
+    threading.Thread(target=self.accept_until_closed, args=(worker,), daemon=True).start()
+    self.addCleanup(self.close_listener, worker)
+    return worker
 
   @staticmethod
   def close_listener(listener: socket.socket) -> None:
