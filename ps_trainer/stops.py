@@ -148,11 +148,6 @@ class StopRequest:
       self._run_last_resorts()
       os._exit(status)  # pylint: disable=protected-access
 
-  @property
-  def restarted(self) -> bool:
-    """Whether this program is a restart of a task by itself (`restart`)."""
-    return self.restarts_left() < MAX_RESTARTS
-
   def restarts_left(self) -> int:
     try:
       done = int(os.environ.get(RESTARTS_ENV, "0") or 0)
