@@ -390,9 +390,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._stop.force_exit(
         f"gave up after {waited:.0f} s starting a session without reaching "
         f"a step (at most {self._start_timeout:.0f} s, "
-        f"{START_TIMEOUTS} x --wait_timeout_secs): {self._start_peers()} "
-        "accept connections, so one of them may not be serving "
-        "(stopped, paused or wedged); the newest checkpoint is kept", 1)
+        f"{START_TIMEOUTS} x --wait_timeout_secs), though the tasks it needs "
+        f"accepted connections ({self._start_peers()}): one of them may not "
+        "be serving (stopped, paused or wedged); the newest checkpoint is "
+        "kept", 1)
     return True
 
   def _give_up(self, waited: float) -> None:

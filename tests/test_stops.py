@@ -350,9 +350,9 @@ class SessionStartBoundTest(absltest.TestCase):
     (reason, status), = stop.forced
     self.assertEqual(status, 1)
     self.assertRegex(reason, r"^gave up after 1 s starting a session without reaching a step "
-                     r"\(at most 1 s, 4 x --wait_timeout_secs\): ps 0 at h:1 accept connections, "
-                     r"so one of them may not be serving \(stopped, paused or wedged\); the "
-                     r"newest checkpoint is kept$")
+                     r"\(at most 1 s, 4 x --wait_timeout_secs\), though the tasks it needs "
+                     r"accepted connections \(ps 0 at h:1\): one of them may not be serving "
+                     r"\(stopped, paused or wedged\); the newest checkpoint is kept$")
 
   def test_a_session_that_reaches_a_step_in_time_is_left_alone(self):
     stop = _RecordingStop("worker 1")
