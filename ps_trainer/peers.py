@@ -12,7 +12,7 @@ from ps_trainer import waits
 
 
 # How long a task whose step is stuck waits for its peers to answer before
-# it starts itself again (hooks.StallWatchHook); TF takes 3-10 s to start.
+# it starts itself again (stall_watch.StallWatchHook); TF takes 3-10 s to start.
 RESTART_GRACE_SECS = 30.0
 
 

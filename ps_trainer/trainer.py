@@ -20,6 +20,7 @@ from ps_trainer import peers
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
+from ps_trainer import stall_watch as stall_watch_lib
 from ps_trainer import step_record
 from ps_trainer import stops
 from ps_trainer import sync
@@ -46,7 +47,7 @@ class _Hooks:
   chief_only: list
   progress: hooks_lib.ProgressHook
   result: Optional[hooks_lib.ResultHook]  # The chief's.
-  stall_watch: Optional[hooks_lib.StallWatchHook]  # A cluster task's.
+  stall_watch: Optional[stall_watch_lib.StallWatchHook]  # A cluster task's.
 
 
 def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
@@ -177,7 +178,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
   stall_watch = None
   if cfg.cluster:
-    stall_watch = hooks_lib.StallWatchHook(
+    stall_watch = stall_watch_lib.StallWatchHook(
         stop, others.stall_reason, cfg.train.wait_timeout_secs,
         restart_if=others.answer_for_a_restart,
         start_peers=others.session_peers)

@@ -13,8 +13,8 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import hooks
 from ps_trainer import peers
+from ps_trainer import stall_watch
 from ps_trainer import stops
 from ps_trainer import waits
 
@@ -252,7 +252,7 @@ class _RestartingStop(_RecordingStop):
 
 def _stuck_step(stop: _RestartingStop, what, restart_if, timeout_secs: float = 15) -> None:
   """Runs a step that never returns until a StallWatchHook (0.3 s bound) gives up on it."""
-  hook = hooks.StallWatchHook(stop, what, timeout_secs=0.3, note_every_secs=60,
+  hook = stall_watch.StallWatchHook(stop, what, timeout_secs=0.3, note_every_secs=60,
                               poll_secs=0.05, restart_if=restart_if)
   with contextlib.redirect_stdout(io.StringIO()):
     hook.after_create_session(None, None)
@@ -332,7 +332,7 @@ class SessionStartBoundTest(absltest.TestCase):
   """A session start that never reaches a step ends the task; it is not a stuck step."""
 
   def watch(self, stop, restart_if=None):
-    return hooks.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=0.3,
+    return stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=0.3,
                                 note_every_secs=60, poll_secs=0.05, restart_if=restart_if,
                                 start_peers=lambda: "ps 0 at h:1")
 
@@ -382,7 +382,7 @@ class SessionStartBoundTest(absltest.TestCase):
 
   def test_without_start_peers_a_session_start_is_not_bounded(self):
     stop = _RecordingStop("chief")
-    hook = hooks.StallWatchHook(stop, lambda: "x", timeout_secs=0.1, poll_secs=0.05)
+    hook = stall_watch.StallWatchHook(stop, lambda: "x", timeout_secs=0.1, poll_secs=0.05)
     hook.session_starting()
     time.sleep(0.8)
     hook.end(None)
@@ -419,7 +419,7 @@ class StallWatchHookTest(absltest.TestCase):
 
   def test_a_long_step_is_named_and_then_given_up(self):
     stop = _RecordingStop("chief")
-    hook = hooks.StallWatchHook(stop, lambda: "the gradients of worker 1 (not answering)",
+    hook = stall_watch.StallWatchHook(stop, lambda: "the gradients of worker 1 (not answering)",
                                 timeout_secs=0.6, note_every_secs=0.2, poll_secs=0.05)
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
@@ -440,7 +440,7 @@ class StallWatchHookTest(absltest.TestCase):
 
   def test_steps_that_finish_are_not_reported(self):
     stop = _RecordingStop("worker 1")
-    hook = hooks.StallWatchHook(stop, lambda: "x", timeout_secs=0.5, note_every_secs=0.2,
+    hook = stall_watch.StallWatchHook(stop, lambda: "x", timeout_secs=0.5, note_every_secs=0.2,
                                 poll_secs=0.05)
     output = io.StringIO()
     with contextlib.redirect_stdout(output):

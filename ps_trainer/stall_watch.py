@@ -1,0 +1,155 @@
+"""The stall watch: bounds on a training step and on a session start.
+
+TensorFlow waits without bound, and in silence, for a peer that is gone (a
+step) or that accepts connections but does not serve (creating a session).
+A thread of this hook notices, names whom the task waits for, and ends the
+task, or starts it again when every peer answers (stops.StopRequest).
+"""
+
+import threading
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from ps_trainer import stops
+
+
+# A session start (StallWatchHook) gets this many --wait_timeout_secs: its
+# waits for the PS tasks, for the chief and (sync) for the chief's readiness
+# are bounded by one each, and TF's own creation of the session by none.
+START_TIMEOUTS = 4
+
+
+class StallWatchHook(tf.compat.v1.train.SessionRunHook):
+  """Says what a long step waits for, and ends the task if it never finishes.
+
+  A step blocks inside TensorFlow when a peer is gone: a sync step waits for
+  the gradients of a worker that died, any step for a PS that stopped
+  answering. TF says nothing and waits forever; this hook's thread notices,
+  names the unreachable peers every `note_every_secs`, and after
+  `timeout_secs` ends the task through `stop.force_exit` (so the chief's last
+  resort still writes a checkpoint).
+
+  A step can also hang inside TF while every peer answers: after a PS
+  restart, TF has been seen to send one RunGraph twice, and the step then
+  waits forever for the other half of it. No Python code can end that step,
+  but the task can start again. So when `restart_if()` says every peer
+  answers, the task restarts itself (`stop.restart`, a few times at most)
+  rather than exit.
+
+  Starting a session can hang too: a peer that accepts connections but does
+  not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
+  its port) passes every wait for its address, and TF then creates the
+  session without any bound. So from `session_starting()` (before each
+  session, the first or one after a lost session) to the first step, the
+  task gets START_TIMEOUTS x `timeout_secs`; its own waits in that time are
+  bounded each. A session start is not a step: its time never counts as one.
+
+  Args:
+    stop: the task's StopRequest.
+    what: () -> what the step waits for, e.g. "gradients of worker 1 at
+      10.0.0.3:2222 (unreachable)".
+    timeout_secs: the bound on one step.
+    restart_if: () -> whether the task may start again rather than exit;
+      None: never.
+    start_peers: () -> the peers a session start needs, e.g. "ps 0 at
+      10.0.0.1:2222"; None: session starts are not bounded.
+  """
+
+  def __init__(self, stop: stops.StopRequest, what: Callable[[], str],
+               timeout_secs: float, note_every_secs: float = 10.0,
+               poll_secs: float = 1.0,
+               restart_if: Optional[Callable[[], bool]] = None,
+               start_peers: Optional[Callable[[], str]] = None):
+    self._stop = stop
+    self._what = what
+    self._restart_if = restart_if
+    self._timeout = timeout_secs
+    self._note_every = note_every_secs
+    self._poll = poll_secs
+    self._start_timeout = START_TIMEOUTS * timeout_secs
+    self._start_peers = start_peers
+    self._step_started = None
+    self._session_started = None
+    self._done = threading.Event()
+    self._thread = None
+
+  def session_starting(self) -> None:
+    """Before each session is created: a failed step's clock stops here."""
+    self._step_started = None
+    self._session_started = time.monotonic()
+    self._watch_in_background()
+
+  def after_create_session(self, session, coord):
+    self._watch_in_background()
+
+  def before_run(self, run_context):
+    self._session_started = None
+    self._step_started = time.monotonic()
+
+  def after_run(self, run_context, run_values):
+    self._step_started = None
+
+  def end(self, session):
+    self._done.set()
+
+  def _watch_in_background(self):
+    if self._thread is None:
+      self._thread = threading.Thread(target=self._watch,
+                                      name="ps_trainer_stall_watch",
+                                      daemon=True)
+      self._thread.start()
+
+  def _watch(self):
+    next_note = self._note_every
+    while not self._done.wait(self._poll):
+      if self._gave_up_on_session_start():
+        return  # Not reached: the process ends.
+      started = self._step_started
+      if started is None:
+        next_note = self._note_every
+        continue
+      waited = time.monotonic() - started
+      if waited >= self._timeout:
+        self._give_up(waited)
+        return  # Not reached: the process ends or starts again.
+      if waited >= next_note:
+        print(f"{self._stop.who}: this step has waited {waited:.0f} s for "
+              f"{self._what()}; giving up after {self._timeout:.0f} s",
+              flush=True)
+        next_note += self._note_every
+
+  def _gave_up_on_session_start(self) -> bool:
+    started = self._session_started
+    if started is None or self._start_peers is None:
+      return False
+    waited = time.monotonic() - started
+    if waited < self._start_timeout:
+      return False
+    self._stop.force_exit(
+        f"gave up after {waited:.0f} s starting a session without reaching "
+        f"a step (at most {self._start_timeout:.0f} s, "
+        f"{START_TIMEOUTS} x --wait_timeout_secs), though the tasks it needs "
+        f"accepted connections ({self._start_peers()}): one of them may not "
+        "be serving (stopped, paused or wedged); the newest checkpoint is "
+        "kept", 1)
+    return True
+
+  def _give_up(self, waited: float) -> None:
+    failed = ""
+    # restart_if() first: naming the stall (what()) also notes who is silent
+    # now, which must not count as silent already when it was last named.
+    if (self._restart_if is not None and not self._stop.requested
+        and self._stop.restarts_left() and self._restart_if()):
+      try:
+        self._stop.restart(
+            f"a step waited {waited:.0f} s (--wait_timeout_secs="
+            f"{self._timeout:.0f}) while every peer answers")
+        return  # Not reached: the program has started again.
+      except OSError as e:  # The program could not be started again.
+        failed = f"; starting again failed: {e}"
+    self._stop.force_exit(
+        f"gave up after a step waited {waited:.0f} s for {self._what()}"
+        f"{failed} (--wait_timeout_secs={self._timeout:.0f}); the newest "
+        "checkpoint is kept, restart the task to go on", 1)
