@@ -15,6 +15,7 @@ evaluator scores each new checkpoint into <log_dir>/eval.json (evaluator.py).
 `./launch.sh local` starts a whole cluster on this machine. Flags: --helpfull.
 """
 
+import errno
 import os
 import sys
 
@@ -143,12 +144,13 @@ def _run_task(cfg) -> int:
   except waits.Stopped as e:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
     return stop.exit_status()
+  except OSError as e:  # Python's own writes: result.json, step records.
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+      raise
+    _fail_disk_full(f"{e.strerror}: {e.filename}")
   except tf.errors.ResourceExhaustedError as e:
     if _disk_full(e.message):  # TF reports ENOSPC as resource exhaustion too.
-      _fail(f"a file system is full ({errors.first_line(e.message)}); free "
-            "space there (--log_dir holds the checkpoints, summaries and "
-            "export) and run the same command again: it continues from the "
-            "newest checkpoint", status=1)
+      _fail_disk_full(errors.first_line(e.message))
     _fail(f"out of memory ({errors.first_line(e.message)}); the model is too "
           f"large for this host: {_smaller_model(cfg)}")
   except tf.errors.OpError as e:
@@ -171,6 +173,12 @@ def _run_task(cfg) -> int:
     _fail(f"TensorFlow stopped the run: {type(e).__name__}{where}: "
           f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
           "traceback)", status=1)
+
+
+def _fail_disk_full(detail: str) -> None:
+  _fail(f"a file system is full ({detail}); free space there (--log_dir "
+        "holds the checkpoints, summaries and export) and run the same "
+        "command again: it continues from the newest checkpoint", status=1)
 
 
 def _disk_full(message: str) -> bool:

@@ -15,9 +15,13 @@ import tensorflow as tf
 from ps_trainer import stops
 
 
-# A session start (StallWatchHook) gets this many --wait_timeout_secs: its
-# waits for the PS tasks, for the chief and (sync) for the chief's readiness
-# are bounded by one each, and TF's own creation of the session by none.
+# A session start (StallWatchHook) gets this many --wait_timeout_secs. Its
+# waits are bounded by one each (for the PS tasks, and for a worker the
+# chief's signature, its model and, in sync mode, its readiness, the last
+# three short once the first is there); TF's own creation of the session,
+# and the chief's restore, by none. So is the work of the other hooks after
+# a step (a checkpoint save): long for a big model, endless when the PS it
+# writes from stopped serving.
 START_TIMEOUTS = 4
 
 
@@ -42,9 +46,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
   its port) passes every wait for its address, and TF then creates the
   session without any bound. So from `session_starting()` (before each
-  session, the first or one after a lost session) to the first step, the
-  task gets START_TIMEOUTS x `timeout_secs`; its own waits in that time are
-  bounded each. A session start is not a step: its time never counts as one.
+  session, the first or one after a lost session; attempts that fail and are
+  made again count together) to the first step, the task gets
+  START_TIMEOUTS x `timeout_secs`; its own waits in that time are bounded
+  each. A session start is not a step: its time never counts as one.
+
+  The hook runs first (session.monitored_session's first_hooks), so the step
+  it times is the run alone; the other hooks' work after it (a checkpoint
+  save) gets START_TIMEOUTS x `timeout_secs` too, ending where `tail()`, the
+  last hook, sees it end. Once a stop was requested, the stop's own deadline
+  bounds these two instead.
 
   Args:
     stop: the task's StopRequest.
@@ -72,24 +83,36 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._start_peers = start_peers
     self._step_started = None
     self._session_started = None
+    self._after_step_started = None
     self._done = threading.Event()
     self._thread = None
 
   def session_starting(self) -> None:
     """Before each session is created: a failed step's clock stops here."""
     self._step_started = None
-    self._session_started = time.monotonic()
+    self._after_step_started = None
+    if self._session_started is None:  # Not a failed attempt made again.
+      self._session_started = time.monotonic()
     self._watch_in_background()
+
+  def tail(self) -> tf.compat.v1.train.SessionRunHook:
+    """The hook to run last: where the work after a step ends."""
+    return _AfterStepEnd(self)
 
   def after_create_session(self, session, coord):
     self._watch_in_background()
 
   def before_run(self, run_context):
     self._session_started = None
+    self._after_step_started = None
     self._step_started = time.monotonic()
 
   def after_run(self, run_context, run_values):
     self._step_started = None
+    self._after_step_started = time.monotonic()
+
+  def after_step_done(self) -> None:
+    self._after_step_started = None
 
   def end(self, session):
     self._done.set()
@@ -104,7 +127,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _watch(self):
     next_note = self._note_every
     while not self._done.wait(self._poll):
-      if self._gave_up_on_session_start():
+      if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       started = self._step_started
       if started is None:
@@ -120,21 +143,29 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
               flush=True)
         next_note += self._note_every
 
-  def _gave_up_on_session_start(self) -> bool:
-    started = self._session_started
-    if started is None or self._start_peers is None:
+  def _gave_up_outside_steps(self) -> bool:
+    """Ends a session start or the work after a step that overran."""
+    if self._start_peers is None or self._stop.requested:
       return False
-    waited = time.monotonic() - started
-    if waited < self._start_timeout:
-      return False
-    self._stop.force_exit(
-        f"gave up after {waited:.0f} s starting a session without reaching "
-        f"a step (at most {self._start_timeout:.0f} s, "
-        f"{START_TIMEOUTS} x --wait_timeout_secs), though the tasks it needs "
-        f"accepted connections ({self._start_peers()}): one of them may not "
-        "be serving (stopped, paused or wedged); the newest checkpoint is "
-        "kept", 1)
-    return True
+    now = time.monotonic()
+    started, after_step = self._session_started, self._after_step_started
+    bound = (f"(at most {self._start_timeout:.0f} s, {START_TIMEOUTS} x "
+             "--wait_timeout_secs)")
+    if started is not None and now - started >= self._start_timeout:
+      self._stop.force_exit(
+          f"gave up after {now - started:.0f} s starting a session without "
+          f"reaching a step {bound}, though the tasks it needs accepted "
+          f"connections ({self._start_peers()}): one of them may not be "
+          "serving (stopped, paused or wedged), or a restore is that slow; "
+          "the newest checkpoint is kept", 1)
+      return True
+    if after_step is not None and now - after_step >= self._start_timeout:
+      self._stop.force_exit(
+          f"gave up after {now - after_step:.0f} s in the work after a step "
+          f"(a checkpoint save?) {bound}: {self._start_peers()} may not be "
+          "serving (stopped, paused or wedged)", 1)
+      return True
+    return False
 
   def _give_up(self, waited: float) -> None:
     failed = ""
@@ -153,3 +184,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         f"gave up after a step waited {waited:.0f} s for {self._what()}"
         f"{failed} (--wait_timeout_secs={self._timeout:.0f}); the newest "
         "checkpoint is kept, restart the task to go on", 1)
+
+
+class _AfterStepEnd(tf.compat.v1.train.SessionRunHook):
+  """StallWatchHook.tail(): the last hook, so the others' work is over."""
+
+  def __init__(self, watch: StallWatchHook):
+    self._watch = watch
+
+  def after_run(self, run_context, run_values):
+    self._watch.after_step_done()

@@ -140,12 +140,14 @@ class StopRequest:
       return
     self.force_exit(reason, self.exit_status())
 
-  def force_exit(self, reason: str, status: int) -> None:
-    """Runs the last resorts, then ends the process at once with `status`."""
+  def force_exit(self, reason: str, status: int,
+                 resorts: Callable[[bool], bool] = lambda _: True) -> None:
+    """Runs the last resorts (those `resorts(before_restart)` picks), then
+    ends the process at once with `status`."""
     with self._exiting:  # One forced exit, even if two threads get here.
       print(f"{self.who}: {reason}; exiting now with status {status}",
             flush=True)
-      self._run_last_resorts()
+      self._run_last_resorts(resorts)
       os._exit(status)  # pylint: disable=protected-access
 
   def restarts_left(self) -> int:
@@ -173,9 +175,10 @@ class StopRequest:
       print(f"{self.who}: {reason}; starting this task again with the same "
             f"command (restart {count} of at most {MAX_RESTARTS})", flush=True)
       self._run_last_resorts(lambda before_restart: before_restart)
-      if self.requested:  # Asked during those last resorts.
+      if self.requested:  # Asked during those: the rest, not them again.
         self.force_exit(f"{self.signal_name} asked this task to stop while "
-                        "it was starting again", self.exit_status())
+                        "it was starting again", self.exit_status(),
+                        resorts=lambda before_restart: not before_restart)
         return
       os.environ[RESTARTS_ENV] = str(count)
       execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
@@ -198,7 +201,7 @@ class StopRequest:
       worker.start()
       worker.join(left)
       if worker.is_alive():
-        print(f"{self.who}: {what} did not finish within {left:.0f} s",
+        print(f"{self.who}: {what} did not finish within {left:.1f} s",
               flush=True)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -117,18 +117,22 @@ def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                  hooks: _Hooks, others: peers.Peers,
                  stop: stops.StopRequest) -> None:
   """The session loop: train until a hook says stop."""
+  watch = hooks.stall_watch
 
   def before_session():
-    if hooks.stall_watch is not None:
-      hooks.stall_watch.session_starting()
+    if watch is not None:
+      watch.session_starting()
     others.wait()
 
   with tg.graph.as_default():
     session = session_lib.monitored_session(
         who=cfg.task_name, is_chief=cfg.is_chief, target=target,
         config=session_config, scaffold=_scaffold(tg),
-        hooks=hooks.every_replica, chief_hooks=hooks.chief_only,
-        first_hooks=[hooks.stall_watch] if hooks.stall_watch else [],
+        # The watch times the step alone, then the other hooks' work to its
+        # tail.
+        first_hooks=[watch] if watch else [],
+        hooks=hooks.every_replica + ([watch.tail()] if watch else []),
+        chief_hooks=hooks.chief_only,
         log_dir=cfg.train.log_dir if cfg.is_chief else None,
         save_checkpoint_secs=cfg.train.save_checkpoints_secs,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
@@ -146,6 +150,9 @@ def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
           f"{{{{node {check}}}}}" not in (e.message or "")):
         raise
       raise Diverged(_diverged_message(cfg, hooks.progress)) from None
+    finally:
+      if watch is not None:  # TF ends hooks only on a clean close.
+        watch.end(None)
 
 
 def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
