@@ -358,15 +358,19 @@ class SessionStartBoundTest(absltest.TestCase):
     while not (stop.forced or getattr(stop, "restarts", None)) and time.monotonic() < deadline:
       time.sleep(0.05)
 
-  def test_no_step_within_four_wait_timeouts_of_a_session_start_ends_it(self):
-    stop = _RecordingStop("worker 1")
-    hook = self.watch(stop)
-    hook.session_starting()  # TF never comes back from creating the session.
+  def forced_reason(self, stop, hook) -> str:
+    """Waits for the hook to force the task's exit, which must be status 1; its reason."""
     self.wait_for(stop, 20)
     hook.end(None)
     (reason, status), = stop.forced
     self.assertEqual(status, 1)
-    self.assertRegex(reason, r"^gave up after \d+ s starting a session without reaching a "
+    return reason
+
+  def test_no_step_within_four_wait_timeouts_of_a_session_start_ends_it(self):
+    stop = _RecordingStop("worker 1")
+    hook = self.watch(stop)
+    hook.session_starting()  # TF never comes back from creating the session.
+    self.assertRegex(self.forced_reason(stop, hook), r"^gave up after \d+ s starting a session without reaching a "
                      r"step \(at most 4 s, 4 x --wait_timeout_secs\), though the tasks it needs "
                      r"accepted connections \(ps 0 at h:1\): one of them may not be serving "
                      r"\(stopped, paused or wedged\), or a restore is that slow; the newest "
@@ -420,11 +424,7 @@ class SessionStartBoundTest(absltest.TestCase):
     hook.after_create_session(None, None)
     hook.before_run(None)
     hook.after_run(None, None)  # The step is over; the saver's after_run never is.
-    self.wait_for(stop, 20)
-    hook.end(None)
-    (reason, status), = stop.forced
-    self.assertEqual(status, 1)
-    self.assertRegex(reason, r"^gave up after \d+ s in the work after a step \(a checkpoint "
+    self.assertRegex(self.forced_reason(stop, hook), r"^gave up after \d+ s in the work after a step \(a checkpoint "
                      r"save\?\) \(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at h:1 may not "
                      r"be serving")
 
