@@ -385,6 +385,28 @@ class BadInputTest(parameterized.TestCase):
     self.assertIn("No space left on device", last, where)
     self.assertIn("run the same command again", last, where)
 
+  def test_a_full_disk_met_by_a_python_write_is_the_same_one_line(self):
+    # result.json is written by Python, whose full disk is an OSError, not TF's error.
+    tmp = testutil.make_tempdir(self)
+    script = (
+        "import errno, runpy, sys\n"
+        "from ps_trainer import hooks\n"
+        "def full(path, value):\n"
+        "  raise OSError(errno.ENOSPC, 'No space left on device', path)\n"
+        "hooks.write_json = full\n"
+        f"sys.argv = ['ps_trainer', '--dataset=synthetic', '{_SHORT}', '--log_dir={tmp}/run']\n"
+        "runpy.run_module('ps_trainer', run_name='__main__')\n")
+    proc = subprocess.run([testutil.PYTHON, "-c", script], cwd=tmp, env=_user_env({}),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=_TIMEOUT_SECS, check=False)
+    where = f"\n--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}"
+    self.assertNotIn("Traceback", proc.stdout + proc.stderr, where)
+    self.assertEqual(proc.returncode, 1, where)
+    self.assertEqual(proc.stderr.splitlines()[-1], (
+        f"{_PREFIX}a file system is full (No space left on device: {tmp}/run/result.json); "
+        "free space there (--log_dir holds the checkpoints, summaries and export) and run the "
+        "same command again: it continues from the newest checkpoint"), where)
+
 
 if __name__ == "__main__":
   absltest.main()
