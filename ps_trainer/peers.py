@@ -105,9 +105,10 @@ class Peers:
     needed = self._info.ps_addresses()
     if not self._info.is_chief:
       chief = "chief" if self._info.has_chief_job else "worker 0"
-      needed.update((name, address) for name, address
-                    in self._info.replica_addresses().items() if name == chief)
-    return ", ".join(f"{name} at {address}" for name, address in needed.items())
+      address = self._info.replica_addresses().get(chief)
+      if address:  # A sparse TF_CONFIG may not list it.
+        needed[chief] = address
+    return waits.describe(needed)
 
   def _needed(self) -> dict:
     """{name: address} of the tasks a step of this replica needs."""

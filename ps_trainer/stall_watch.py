@@ -79,7 +79,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._timeout = timeout_secs
     self._note_every = note_every_secs
     self._poll = poll_secs
-    self._start_timeout = START_TIMEOUTS * timeout_secs
+    self._outside_steps_timeout = START_TIMEOUTS * timeout_secs
     self._start_peers = start_peers
     self._step_started = None
     self._session_started = None
@@ -149,9 +149,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       return False
     now = time.monotonic()
     started, after_step = self._session_started, self._after_step_started
-    bound = (f"(at most {self._start_timeout:.0f} s, {START_TIMEOUTS} x "
-             "--wait_timeout_secs)")
-    if started is not None and now - started >= self._start_timeout:
+    limit = self._outside_steps_timeout
+    bound = f"(at most {limit:.0f} s, {START_TIMEOUTS} x --wait_timeout_secs)"
+    if started is not None and now - started >= limit:
       self._stop.force_exit(
           f"gave up after {now - started:.0f} s starting a session without "
           f"reaching a step {bound}, though the tasks it needs accepted "
@@ -159,7 +159,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
           "serving (stopped, paused or wedged), or a restore is that slow; "
           "the newest checkpoint is kept", 1)
       return True
-    if after_step is not None and now - after_step >= self._start_timeout:
+    if after_step is not None and now - after_step >= limit:
       self._stop.force_exit(
           f"gave up after {now - after_step:.0f} s in the work after a step "
           f"(a checkpoint save?) {bound}: {self._start_peers()} may not be "

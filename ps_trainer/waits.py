@@ -109,12 +109,9 @@ def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
     Stopped: as `wait_until`.
   """
   missing = dict(named)
-
-  def what():
-    return ", ".join(f"{name} at {address}" for name, address in missing.items())
-
   try:
-    wait_until(lambda: _drop_reachable(missing), what, timeout_secs, **kwargs)
+    wait_until(lambda: _drop_reachable(missing), lambda: describe(missing),
+               timeout_secs, **kwargs)
   except WaitTimeout as timeout:
     raise WaitTimeout(str(timeout), missing) from None
 
@@ -137,6 +134,11 @@ def _drop_reachable(missing: dict) -> bool:
   for name in [n for n, address in missing.items() if reachable(address)]:
     del missing[name]
   return not missing
+
+
+def describe(named: dict) -> str:
+  """"name at host:port, ..." for {name: address}: how waits name tasks."""
+  return ", ".join(f"{name} at {address}" for name, address in named.items())
 
 
 def unreachable(named: dict) -> list:
