@@ -109,12 +109,14 @@ class _ReplicaSession(tf_session.SessionInterface):
 
   def __init__(self, session, budget: CancelBudget,
                stopping: Callable[[], bool],
-               on_lost: Callable[[Exception], None] = lambda e: None):
+               on_lost: Callable[[Exception], None] = lambda e: None,
+               on_run_done: Callable[[], None] = lambda: None):
     self._session = session
     self._callables = _Callables(session)
     self._budget = budget
     self._stopping = stopping
     self._on_lost = on_lost
+    self._on_run_done = on_run_done
 
   @property
   def graph(self):
@@ -126,7 +128,7 @@ class _ReplicaSession(tf_session.SessionInterface):
 
   def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
     try:
-      return self._callables.run(fetches, feed_dict, options, run_metadata)
+      values = self._callables.run(fetches, feed_dict, options, run_metadata)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
       self._on_lost(e)  # MonitoredSession recovers; the new one says why.
       raise
@@ -138,6 +140,8 @@ class _ReplicaSession(tf_session.SessionInterface):
           f"goes away: {errors.first_line(e.message)}")
       self._on_lost(lost)
       raise lost from e
+    self._on_run_done()
+    return values
 
   def partial_run_setup(self, *args, **kwargs):
     return self._session.partial_run_setup(*args, **kwargs)
@@ -156,11 +160,13 @@ class _AnnouncedCreator(train.SessionCreator):
   """Runs `before()` ahead of each session; says so when a session is replaced."""
 
   def __init__(self, inner: train.SessionCreator, before: Callable[[], None],
-               who: str, stopping: Callable[[], bool]):
+               who: str, stopping: Callable[[], bool],
+               on_run_done: Callable[[], None]):
     self._inner = inner
     self._before = before
     self._who = who
     self._stopping = stopping
+    self._on_run_done = on_run_done
     self._cancels = CancelBudget()
     self._created = 0
     self._lost_to = None  # The error that ended the last session, if seen.
@@ -178,7 +184,8 @@ class _AnnouncedCreator(train.SessionCreator):
     session = self._inner.create_session()
     self._created += 1
     return _ReplicaSession(session, self._cancels, self._stopping,
-                           on_lost=self._note_lost)
+                           on_lost=self._note_lost,
+                           on_run_done=self._on_run_done)
 
   def _note_lost(self, error: Exception) -> None:
     self._lost_to = error
@@ -190,7 +197,8 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
                       save_checkpoint_steps, save_summaries_steps: int,
                       before_session: Callable[[], None],
                       first_hooks: Sequence[train.SessionRunHook] = (),
-                      stopping: Callable[[], bool] = lambda: False):
+                      stopping: Callable[[], bool] = lambda: False,
+                      on_run_done: Callable[[], None] = lambda: None):
   """A MonitoredSession as MonitoredTrainingSession would build it.
 
   The chief restores from and checkpoints into `log_dir` and writes
@@ -199,7 +207,8 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
   hook that times the step (the stall watch) must see it end before the
   others' after_run, a checkpoint save among them, counts as its time.
   `stopping()` is True once this task was asked to stop: a cancelled step
-  is then not a lost peer.
+  is then not a lost peer. `on_run_done()` is called after each run that
+  returns, the hooks' own at the end of the run included.
   """
   if is_chief:
     inner = train.ChiefSessionCreator(scaffold=scaffold, master=target,
@@ -218,5 +227,6 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
                                        config=config)
     all_hooks = list(first_hooks) + list(hooks)
   return train.MonitoredSession(
-      session_creator=_AnnouncedCreator(inner, before_session, who, stopping),
+      session_creator=_AnnouncedCreator(inner, before_session, who, stopping,
+                                        on_run_done),
       hooks=all_hooks, stop_grace_period_secs=10)

@@ -21,7 +21,7 @@ from ps_trainer import stops
 # three short once the first is there); TF's own creation of the session,
 # and the chief's restore, by none. So is the work of the other hooks after
 # a step (a checkpoint save): long for a big model, endless when the PS it
-# writes from stopped serving.
+# writes from stopped serving; and so is each call at the end of the run.
 START_TIMEOUTS = 4
 
 
@@ -54,8 +54,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   The hook runs first (session.monitored_session's first_hooks), so the step
   it times is the run alone; the other hooks' work after it (a checkpoint
   save) gets START_TIMEOUTS x `timeout_secs` too, ending where `tail()`, the
-  last hook, sees it end. Once a stop was requested, the stop's own deadline
-  bounds these two instead.
+  last hook, sees it end. So does each call into TF at the end of the run,
+  from `end()` (or `ending()`) to `finished()`: the final checkpoint, each
+  batch of the test split's evaluation, and telling the PS tasks this
+  worker is done (its session creation has no bound of its own). Once a
+  stop was requested, the stop's own deadline bounds these instead.
 
   Args:
     stop: the task's StopRequest.
@@ -84,6 +87,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = None
     self._session_started = None
     self._after_step_started = None
+    self._ending_since = None
     self._done = threading.Event()
     self._thread = None
 
@@ -115,6 +119,24 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._after_step_started = None
 
   def end(self, session):
+    """TF's clean close: the end of the run (final checkpoint, evaluation)."""
+    self.ending()
+
+  def ending(self) -> None:
+    """From here to finished(), TF gets START_TIMEOUTS x `timeout_secs` for
+    each call (run_done() ends one), and for the last one, leaving."""
+    self._step_started = None
+    self._after_step_started = None
+    self._ending_since = time.monotonic()
+
+  def run_done(self) -> None:
+    """A run of the session came back (session.monitored_session's
+    on_run_done): at the end of a run, progress."""
+    if self._ending_since is not None:
+      self._ending_since = time.monotonic()
+
+  def finished(self) -> None:
+    """The task is done with TF's session and the PS tasks: the watch ends."""
     self._done.set()
 
   def _watch_in_background(self):
@@ -144,11 +166,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         next_note += self._note_every
 
   def _gave_up_outside_steps(self) -> bool:
-    """Ends a session start or the work after a step that overran."""
+    """Ends a session start, the work after a step or a call at the end of
+    the run that overran."""
     if self._start_peers is None or self._stop.requested:
       return False
     now = time.monotonic()
     started, after_step = self._session_started, self._after_step_started
+    ending = self._ending_since
     limit = self._outside_steps_timeout
     bound = f"(at most {limit:.0f} s, {START_TIMEOUTS} x --wait_timeout_secs)"
     if started is not None and now - started >= limit:
@@ -164,6 +188,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
           f"gave up after {now - after_step:.0f} s in the work after a step "
           f"(a checkpoint save?) {bound}: {self._start_peers()} may not be "
           "serving (stopped, paused or wedged)", 1)
+      return True
+    if ending is not None and now - ending >= limit:
+      self._stop.force_exit(
+          f"gave up after {now - ending:.0f} s waiting for TensorFlow at the "
+          "end of the run (the final checkpoint, the test split's "
+          f"evaluation or telling the PS tasks this worker is done) {bound}: "
+          f"{self._start_peers()} may not be serving (stopped, paused or "
+          "wedged); the newest checkpoint is kept", 1)
       return True
     return False
 

@@ -99,11 +99,15 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
                                 margin=cfg.num_workers + 1)
   others.add_last_resorts()
   try:
-    _run_session(cfg, tg, target, session_config, hooks, others, stop)
-  except (Diverged, waits.Stopped):
-    others.leave()
-    raise
-  others.leave()
+    try:
+      _run_session(cfg, tg, target, session_config, hooks, others, stop)
+    except (Diverged, waits.Stopped):
+      _leave(others, hooks.stall_watch)
+      raise
+    _leave(others, hooks.stall_watch)
+  finally:
+    if hooks.stall_watch is not None:
+      hooks.stall_watch.finished()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
   if stop.requested and cfg.is_chief and result is None:
@@ -111,6 +115,15 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
           f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
           "continues from it", flush=True)
   return result
+
+
+def _leave(others: peers.Peers,
+           watch: Optional[stall_watch_lib.StallWatchHook]) -> None:
+  """Tells the PS tasks this replica is done, within the stall watch's bound
+  at the end of a run: a PS that stopped serving would hold it forever."""
+  if watch is not None:
+    watch.ending()  # After a clean close TF's end() did; again is harmless.
+  others.leave()
 
 
 def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
@@ -138,7 +151,8 @@ def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         save_checkpoint_steps=cfg.train.save_checkpoints_steps,
         save_summaries_steps=SUMMARY_STEPS,
         before_session=before_session,
-        stopping=lambda: stop.requested)
+        stopping=lambda: stop.requested,
+        on_run_done=watch.run_done if watch else lambda: None)
     try:
       with session:
         while not session.should_stop():
@@ -150,9 +164,6 @@ def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,
           f"{{{{node {check}}}}}" not in (e.message or "")):
         raise
       raise Diverged(_diverged_message(cfg, hooks.progress)) from None
-    finally:
-      if watch is not None:  # TF ends hooks only on a clean close.
-        watch.end(None)
 
 
 def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:

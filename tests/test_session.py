@@ -156,6 +156,41 @@ class CancelledStepTest(absltest.TestCase):
     self.assertEqual(seen, {"first": f"{log_dir}/model.ckpt-0",
                             "last": f"{log_dir}/model.ckpt-1"})
 
+  def test_on_run_done_follows_each_run_that_returns_the_hooks_end_too(self):
+    # The stall watch bounds each call at the end of a run from the last one that returned.
+    runs_done = []
+    seen = {}
+
+    class _RunsAtTheEnd(tf.compat.v1.train.SessionRunHook):
+
+      def end(self, session):
+        before = len(runs_done)
+        session.run(global_step)
+        seen["end"] = len(runs_done) - before
+
+    graph = tf.Graph()
+    with graph.as_default():
+      global_step = tf.compat.v1.train.get_or_create_global_step()
+      train_op = tf.compat.v1.assign_add(global_step, 1)
+      fails = tf.debugging.check_numerics(tf.constant(np.nan), "a NaN")
+      session = session_lib.monitored_session(
+          who="chief", is_chief=True, target="", config=None,
+          scaffold=tf.compat.v1.train.Scaffold(), hooks=[_RunsAtTheEnd()], chief_hooks=[],
+          log_dir=None, save_checkpoint_secs=None, save_checkpoint_steps=None,
+          save_summaries_steps=100, before_session=lambda: None,
+          on_run_done=lambda: runs_done.append(True))
+      with session:
+        before = len(runs_done)
+        session.run(train_op)
+        session.run(train_op)
+        seen["steps"] = len(runs_done) - before
+        raw = session._tf_sess()  # pylint: disable=protected-access
+        before = len(runs_done)
+        with self.assertRaises(tf.errors.InvalidArgumentError):
+          raw.run(fails)
+        seen["failed"] = len(runs_done) - before
+    self.assertEqual(seen, {"steps": 2, "failed": 0, "end": 1})
+
 
 if __name__ == "__main__":
   absltest.main()

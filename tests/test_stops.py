@@ -276,7 +276,7 @@ def _stuck_step(stop: _RestartingStop, what, restart_if, timeout_secs: float = 1
     deadline = time.monotonic() + timeout_secs
     while not (stop.forced or stop.restarts) and time.monotonic() < deadline:
       time.sleep(0.05)
-    hook.end(None)
+    hook.finished()
 
 
 class PeersForARestartTest(absltest.TestCase):
@@ -361,7 +361,7 @@ class SessionStartBoundTest(absltest.TestCase):
   def forced_reason(self, stop, hook) -> str:
     """Waits for the hook to force the task's exit, which must be status 1; its reason."""
     self.wait_for(stop, 20)
-    hook.end(None)
+    hook.finished()
     (reason, status), = stop.forced
     self.assertEqual(status, 1)
     return reason
@@ -385,7 +385,7 @@ class SessionStartBoundTest(absltest.TestCase):
     time.sleep(2.5)
     hook.session_starting()  # The first attempt failed.
     self.wait_for(stop, 20)
-    hook.end(None)
+    hook.finished()
     self.assertLen(stop.forced, 1)
     self.assertLess(time.monotonic() - first, 6.0)  # Not 2.5 + 4 s.
 
@@ -398,7 +398,7 @@ class SessionStartBoundTest(absltest.TestCase):
     hook.after_run(None, None)
     hook.tail().after_run(None, None)
     time.sleep(3.0)  # Past four, counted from the start: the step ended it.
-    hook.end(None)
+    hook.finished()
     self.assertEqual(stop.forced, [])
 
   def test_a_lost_step_stops_its_clock_when_the_next_session_starts(self):
@@ -414,7 +414,7 @@ class SessionStartBoundTest(absltest.TestCase):
       hook.before_run(None)
       hook.after_run(None, None)
       hook.tail().after_run(None, None)
-      hook.end(None)
+      hook.finished()
     self.assertEqual((stop.forced, stop.restarts), ([], []))
 
   def test_the_hooks_work_after_a_step_is_bounded_too(self):
@@ -428,6 +428,40 @@ class SessionStartBoundTest(absltest.TestCase):
                      r"save\?\) \(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at h:1 may not "
                      r"be serving")
 
+  def test_a_call_at_the_end_of_the_run_that_never_returns_ends_it(self):
+    # The final checkpoint, the evaluation or the done flags, from a PS that stopped serving.
+    for end_of_run in ("a clean close", "leaving after an error"):
+      with self.subTest(end_of_run):
+        stop = _RecordingStop("chief")
+        hook = self.watch(stop)
+        hook.after_create_session(None, None)
+        hook.before_run(None)
+        hook.after_run(None, None)
+        hook.tail().after_run(None, None)
+        if end_of_run == "a clean close":
+          hook.end(None)  # TF's close; then its saver's end() never returns.
+        else:
+          hook.ending()  # trainer.py, before it tells the PS tasks it is done.
+        self.assertRegex(self.forced_reason(stop, hook),
+                         r"^gave up after \d+ s waiting for TensorFlow at the end of the run "
+                         r"\(the final checkpoint, the test split's evaluation or telling the PS "
+                         r"tasks this worker is done\) \(at most 4 s, 4 x --wait_timeout_secs\): "
+                         r"ps 0 at h:1 may not be serving \(stopped, paused or wedged\); the "
+                         r"newest checkpoint is kept$")
+
+  def test_an_end_of_run_whose_calls_return_may_take_longer(self):
+    # A big test split takes many batches: each may take the bound, not all of them together.
+    stop = _RecordingStop("chief")
+    hook = self.watch(stop)
+    hook.after_create_session(None, None)
+    hook.end(None)
+    for _ in range(12):  # 6 s in all, past the 4 s bound; 0.5 s each.
+      time.sleep(0.5)
+      hook.run_done()
+    hook.finished()
+    time.sleep(0.3)  # The watch has ended: nothing fires after.
+    self.assertEqual(stop.forced, [])
+
   def test_a_requested_stop_leaves_them_to_its_own_deadline(self):
     stop = _RecordingStop("worker 1", grace_secs=600)
     self.addCleanup(stop.ended)
@@ -436,7 +470,7 @@ class SessionStartBoundTest(absltest.TestCase):
     hook = self.watch(stop, timeout_secs=0.3)
     hook.session_starting()
     time.sleep(2.0)  # Past four of its --wait_timeout_secs.
-    hook.end(None)
+    hook.finished()
     self.assertEqual(stop.forced, [])
 
   def test_without_start_peers_a_session_start_is_not_bounded(self):
@@ -444,7 +478,7 @@ class SessionStartBoundTest(absltest.TestCase):
     hook = stall_watch.StallWatchHook(stop, lambda: "x", timeout_secs=0.1, poll_secs=0.05)
     hook.session_starting()
     time.sleep(0.8)
-    hook.end(None)
+    hook.finished()
     self.assertEqual(stop.forced, [])
 
 
@@ -487,7 +521,7 @@ class StallWatchHookTest(absltest.TestCase):
       deadline = time.monotonic() + 10
       while not stop.forced and time.monotonic() < deadline:
         time.sleep(0.05)
-      hook.end(None)
+      hook.finished()
     notes = output.getvalue().splitlines()
     self.assertNotEmpty(notes)
     self.assertRegex(notes[0], r"^chief: this step has waited 0 s for the gradients of worker 1 "
@@ -508,7 +542,7 @@ class StallWatchHookTest(absltest.TestCase):
         hook.before_run(None)
         time.sleep(0.1)
         hook.after_run(None, None)
-      hook.end(None)
+      hook.finished()
     self.assertEqual(output.getvalue(), "")
     self.assertEqual(stop.forced, [])
 

@@ -6,6 +6,9 @@ import json
 import os
 import signal
 import tempfile
+import threading
+import time
+from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -206,6 +209,43 @@ class ChiefRestartTest(absltest.TestCase):
     self.assertIn("the PS tasks still hold the model at global step 50", output)
     self.assertIn("starting at global step 50 of 80", output)
     self.assertEqual(result["global_step"], 80)
+
+
+class _ReleasedByAForcedExit(stops.StopRequest):
+  """A StopRequest whose forced exit is recorded and releases `blocked`, not the process."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.forced = []
+    self.blocked = threading.Event()
+
+  def force_exit(self, reason, status, resorts=None):
+    self.forced.append((reason, status))
+    self.blocked.set()
+
+
+class EndOfRunBoundTest(absltest.TestCase):
+  """A chief whose PS stops serving as the run ends (in-process servers)."""
+
+  def test_telling_a_ps_that_does_not_serve_it_is_done_ends_the_task(self):
+    cluster = InProcessCluster(num_ps=1, num_workers=1)
+    cfg = testutil.make_config(
+        *cluster.host_flags(), "--job_name=worker", "--task_index=0",
+        f"--log_dir={testutil.make_tempdir(self)}", "--train_steps=20",
+        "--log_every_steps=1000", "--wait_timeout_secs=1")
+    stop = _ReleasedByAForcedExit("chief")
+    # As TF's session creation for the done flags does with a PS stopped by SIGSTOP.
+    with mock.patch.object(peers.Peers, "leave", lambda _: stop.blocked.wait(60)), \
+        contextlib.redirect_stdout(io.StringIO()):
+      started = time.monotonic()
+      result = trainer.train(cfg, data.load("digits"), cluster.targets[0], stop)
+      took = time.monotonic() - started
+    (reason, status), = stop.forced
+    self.assertEqual(status, 1)
+    self.assertRegex(reason, r"^gave up after \d+ s waiting for TensorFlow at the end of the run .*"
+                     r"\(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at \S+ may not be serving")
+    self.assertLess(took, 40)  # Not the 60 s the blocked call would take.
+    self.assertEqual(result["global_step"], 20)  # The run itself had finished.
 
 
 if __name__ == "__main__":
