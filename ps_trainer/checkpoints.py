@@ -1,12 +1,21 @@
-"""Does a checkpoint hold this model? Asked before restoring into a new graph.
+"""The checkpoints of a --log_dir: where they are, and whether they hold this model.
 
 A restore checks names but not shapes: a table of another --vocab_size
 restores without a word and then predicts garbage, and a chief resuming
 another run's --log_dir went on training a [32, 32] kernel in a [32, 16]
 variable and saved the mix there. The chief, the evaluator and the export
 ask first.
+
+TF's `checkpoint` file names the checkpoints by the path they were saved
+under: absolute, for an absolute --log_dir (before the trainer's savers wrote
+relative names). A directory moved or copied elsewhere then named the old
+place: a restore from it died with a traceback, and in a copy, a chief
+would have restored, and in time deleted, the original's checkpoints. So
+they are looked up in --log_dir itself (latest), and the chief rewrites such
+a file before it restores (relocate).
 """
 
+import os
 from typing import Optional
 
 import tensorflow as tf
@@ -16,13 +25,67 @@ class ForeignCheckpointError(ValueError):
   """--log_dir holds checkpoints of another model. The message is one line."""
 
 
+class MissingCheckpointError(ValueError):
+  """--log_dir's checkpoint file names a checkpoint that is not there."""
+
+
+def latest(log_dir: str) -> Optional[str]:
+  """The newest checkpoint in `log_dir`, where the directory is now; None if
+  it has none, or its checkpoint file names one that is not in it."""
+  state = tf.train.get_checkpoint_state(log_dir) if log_dir else None
+  if state is None or not state.model_checkpoint_path:
+    return None
+  path = _in(log_dir, state.model_checkpoint_path)
+  return path if _exists(path) else None
+
+
+def relocate(log_dir: str) -> Optional[str]:
+  """Before the chief restores: if `log_dir`'s checkpoint file names another
+  directory (the run was moved or copied), makes it name the checkpoints in
+  `log_dir`; returns the directory it named, else None.
+
+  Raises:
+    MissingCheckpointError: the newest checkpoint it names is not in log_dir.
+  """
+  state = tf.train.get_checkpoint_state(log_dir) if log_dir else None
+  if state is None or not state.model_checkpoint_path:
+    return None
+  newest = state.model_checkpoint_path
+  named = os.path.dirname(newest)
+  if os.path.realpath(named) == os.path.realpath(log_dir):
+    return None
+  if not _exists(_in(log_dir, newest)):
+    raise MissingCheckpointError(
+        f"--log_dir={log_dir}: its checkpoint file names {newest}, and "
+        f"{os.path.basename(newest)} is not in --log_dir (moved or copied "
+        "without it?); put it there, or give a new --log_dir; nothing was "
+        "changed")
+  # The older ones too: the saver deletes them by these names (max_to_keep).
+  older = [path for path in state.all_model_checkpoint_paths
+           if path != newest and _exists(_in(log_dir, path))]
+  # Relative names, as the trainer's savers now write (save_relative_paths).
+  name = (os.path.basename if os.path.isabs(log_dir)
+          else lambda path: _in(log_dir, path))
+  tf.compat.v1.train.update_checkpoint_state(
+      log_dir, name(newest), [name(path) for path in older + [newest]])
+  return named
+
+
+def _in(log_dir: str, path: str) -> str:
+  return os.path.join(log_dir, os.path.basename(path))
+
+
+def _exists(checkpoint: str) -> bool:
+  return tf.io.gfile.exists(checkpoint + ".index")
+
+
 def check_log_dir(log_dir: str, variables) -> None:
   """Before a chief or local run restores: its newest checkpoint must fit.
 
   Raises:
     ForeignCheckpointError: it lacks a variable or holds one in another shape.
   """
-  checkpoint = tf.train.latest_checkpoint(log_dir) if log_dir else None
+  checkpoint = latest(log_dir)
   if not checkpoint:
     return
   problem = mismatch(checkpoint, variables)

@@ -132,7 +132,7 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
         f"{os.path.join(log_dir, EVAL_JSON)}", flush=True)
 
   def new_checkpoint() -> Optional[str]:
-    path = tf.train.latest_checkpoint(log_dir)
+    path = checkpoints.latest(log_dir)
     if path is None or _step_of(path) in scored:
       return None
     return path
@@ -142,7 +142,7 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
     # can land on it just before the final one, a step or two past.
     if _finished_step(log_dir, cfg.train.train_steps) is None:
       return False
-    return _step_of(tf.train.latest_checkpoint(log_dir) or "") in scored
+    return _step_of(checkpoints.latest(log_dir) or "") in scored
 
   timeout = max(cfg.train.wait_timeout_secs,
                 _INTERVALS_TO_WAIT * (cfg.train.save_checkpoints_secs or 0))

@@ -119,7 +119,7 @@ def _input_specs(cfg, dataset) -> dict:
 
 def _export(cfg, dataset, log_dir) -> Tuple[str, bool]:
   """Returns (the export's path, whether it was there already)."""
-  checkpoint = tf.train.latest_checkpoint(log_dir)
+  checkpoint = checkpoints.latest(log_dir)
   if checkpoint is None:
     raise ExportError(f"no checkpoint in --log_dir={log_dir} to export")
   step = _global_step(checkpoint)

@@ -50,7 +50,7 @@ def earlier_result(log_dir: str, train_steps: int) -> Optional[dict]:
       return None
   except (OSError, ValueError, TypeError, KeyError):
     return None
-  checkpoint = tf.train.latest_checkpoint(log_dir)
+  checkpoint = checkpoints.latest(log_dir)
   try:
     if checkpoint is None or checkpoints.global_step(checkpoint) < train_steps:
       return None

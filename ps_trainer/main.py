@@ -137,7 +137,8 @@ def _run_task(cfg) -> int:
     return 0
   except (data.DataError, models.ModelError, server_lib.ServerError,
           run_signature.MismatchError, evaluator.EvaluatorError,
-          checkpoints.ForeignCheckpointError) as e:
+          checkpoints.ForeignCheckpointError,
+          checkpoints.MissingCheckpointError) as e:
     _fail(str(e))
   except (waits.WaitTimeout, trainer.Diverged, export.ExportError) as e:
     _fail(str(e), status=1)

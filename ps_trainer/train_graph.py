@@ -135,7 +135,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
                                       last_step=cfg.train.train_steps)
       # Not sharded: the chief writes the whole checkpoint into its own
       # --log_dir, so bare hosts need no shared file system.
-      saver = chief_start.saver(sharded=False, max_to_keep=5)
+      saver = chief_start.saver(sharded=False, max_to_keep=5,
+                                save_relative_paths=True)
     done_signals = server_lib.DoneSignals(info) if info else None
   return TrainGraph(
       graph=graph, global_step=global_step, global_step_read=global_step_read,

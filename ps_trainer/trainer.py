@@ -63,9 +63,15 @@ def build(cfg: config_lib.Config,
   Raises:
     checkpoints.ForeignCheckpointError: the chief's --log_dir holds
       checkpoints of another model.
+    checkpoints.MissingCheckpointError: its newest checkpoint is elsewhere.
   """
   tg = train_graph.build_graph(cfg, dataset)
   if cfg.is_chief:  # Only the chief restores and saves.
+    moved_from = checkpoints.relocate(cfg.train.log_dir)
+    if moved_from:
+      print(f"{cfg.task_name}: the checkpoint file of --log_dir named "
+            f"{moved_from} (the directory was moved or copied); it now names "
+            f"the checkpoints in {cfg.train.log_dir}", flush=True)
     checkpoints.check_log_dir(cfg.train.log_dir, tg.model_variables)
   return tg
 
@@ -112,7 +118,7 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
   # A stop that came in the last step leaves a finished run, not one to go on.
   if stop.requested and cfg.is_chief and result is None:
     print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
-          f"{tf.train.latest_checkpoint(cfg.train.log_dir)}; the same command "
+          f"{checkpoints.latest(cfg.train.log_dir)}; the same command "
           "continues from it", flush=True)
   return result
 
@@ -173,7 +179,7 @@ def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
              "before that step changed any variable. Lower --learning_rate "
              f"(now {cfg.train.learning_rate:g})")
   if cfg.is_chief and cfg.train.log_dir:
-    newest = tf.train.latest_checkpoint(cfg.train.log_dir)
+    newest = checkpoints.latest(cfg.train.log_dir)
     message += (f"; the last good checkpoint is {newest}" if newest
                 else "; no checkpoint was written")
   return message

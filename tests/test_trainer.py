@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -73,6 +74,64 @@ class LocalTrainingTest(absltest.TestCase):
     self.assertAlmostEqual(again["loss"], first["loss"], places=6)
     more = self.train("--train_steps=180")
     self.assertEqual(more["global_step"], 180)
+
+  def train_in(self, log_dir, steps):
+    """Trains in `log_dir` to `steps`; (result, what it printed)."""
+    cfg = testutil.make_config(f"--log_dir={log_dir}", "--log_every_steps=1000",
+                               f"--train_steps={steps}")
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      result = trainer.train(cfg, data.load(cfg.data.dataset))
+    return result, output.getvalue()
+
+  def test_a_moved_log_dir_continues_from_its_checkpoints(self):
+    self.train("--train_steps=30")
+    with open(os.path.join(self.log_dir, "checkpoint")) as f:
+      self.assertNotIn(self.log_dir, f.read())  # Names relative to the directory.
+    moved = self.log_dir + "-moved"
+    os.rename(self.log_dir, moved)
+    self.addCleanup(shutil.rmtree, moved)
+    result, output = self.train_in(moved, 60)
+    self.assertIn("starting at global step 30 of 60", output)
+    self.assertEqual(result["global_step"], 60)
+
+  def test_a_checkpoint_file_naming_another_directory_is_rewritten_not_followed(self):
+    # As TF's savers wrote it for an absolute --log_dir: the original's paths, in a copy.
+    self.train("--train_steps=30")
+    copy = testutil.make_tempdir(self) + "/copy"
+    shutil.copytree(self.log_dir, copy)
+    tf.compat.v1.train.update_checkpoint_state(
+        copy, os.path.join(self.log_dir, "model.ckpt-30"),
+        [os.path.join(self.log_dir, name) for name in ("model.ckpt-0", "model.ckpt-30")])
+    # What the evaluator and the export read, which change nothing: the copy's own.
+    self.assertEqual(checkpoints.latest(copy), os.path.join(copy, "model.ckpt-30"))
+    # Its checkpoints (its summaries' writer may still flush meanwhile).
+    checkpoint_times = lambda: {name: time for name, time in self.modified_times().items()
+                                if name.startswith(("checkpoint", "model.ckpt"))}
+    original = checkpoint_times()
+    result, output = self.train_in(copy, 60)
+    self.assertIn(f"local: the checkpoint file of --log_dir named {self.log_dir} (the directory "
+                  f"was moved or copied); it now names the checkpoints in {copy}", output)
+    self.assertIn("starting at global step 30 of 60", output)
+    self.assertEqual(result["global_step"], 60)
+    self.assertEqual(checkpoint_times(), original)  # The original is left alone.
+    self.assertEqual(tf.train.get_checkpoint_state(copy).all_model_checkpoint_paths,
+                     [os.path.join(copy, name) for name in ("model.ckpt-0", "model.ckpt-30",
+                                                            "model.ckpt-60")])
+
+  def test_a_checkpoint_file_naming_a_checkpoint_it_lacks_is_one_line(self):
+    self.train("--train_steps=30")
+    elsewhere = testutil.make_tempdir(self)
+    shutil.copy(os.path.join(self.log_dir, "checkpoint"), elsewhere)
+    tf.compat.v1.train.update_checkpoint_state(
+        elsewhere, os.path.join(self.log_dir, "model.ckpt-30"))
+    with self.assertRaises(checkpoints.MissingCheckpointError) as raised:
+      self.train_in(elsewhere, 60)
+    self.assertEqual(str(raised.exception), (
+        f"--log_dir={elsewhere}: its checkpoint file names {self.log_dir}/model.ckpt-30, and "
+        "model.ckpt-30 is not in --log_dir (moved or copied without it?); put it there, or "
+        "give a new --log_dir; nothing was changed"))
+    self.assertEqual(os.listdir(elsewhere), ["checkpoint"])
 
   def test_a_log_dir_of_another_model_is_refused_and_left_as_it_was(self):
     self.train("--train_steps=30", "--hidden_units=32,32")
