@@ -6,9 +6,10 @@ trainer's --log_dir, bench's --bench_dir and compare's --out_dir all go
 through here, so each says what was wrong in one line, naming its flag.
 """
 
+import fnmatch
 import os
 import tempfile
-from typing import List
+from typing import List, Sequence
 
 
 class OutputDirError(ValueError):
@@ -41,6 +42,24 @@ def prepare(path: str, flag: str) -> List[str]:
     raise OutputDirError(f"{flag}={path}: cannot write there ({e.strerror}); "
                          "pass a directory this user can create and write") from None
   return created
+
+
+def refuse_earlier_runs(path: str, flag: str, patterns: Sequence[str]) -> None:
+  """bench and compare run afresh: a run directory of theirs already in `path`
+  would be continued (or, if finished, reported again) by `launch.sh local`.
+
+  Raises:
+    OutputDirError: `path` holds entries matching `patterns`.
+  """
+  if not os.path.isdir(path):
+    return
+  found = sorted(name for name in os.listdir(path)
+                 if any(fnmatch.fnmatch(name, p) for p in patterns))
+  if found:
+    raise OutputDirError(
+        f"{flag}={path}: holds the runs of an earlier one ({', '.join(found)}), "
+        "which would be continued or reported again, not run afresh; pass a "
+        f"new {flag}, or remove them")
 
 
 def remove_if_empty(directories: List[str]) -> None:

@@ -54,7 +54,16 @@ class BadInputTest(absltest.TestCase):
     with open(a_file, "w") as f:
       f.write("not a directory\n")
     out = os.path.join(testutil.make_tempdir(self), "out")
+    earlier = testutil.make_tempdir(self)  # Holds runs of an earlier bench and compare.
+    for name in ("async", "local-0", "cluster-0", "notes"):
+      os.mkdir(os.path.join(earlier, name))
     for args, says in (
+        (["bench", f"--bench_dir={earlier}"],
+         f"bench: error: --bench_dir={earlier}: holds the runs of an earlier one (cluster-0, "
+         "local-0), which would be continued or reported again, not run afresh; pass a new "
+         "--bench_dir, or remove them"),
+        (["compare", f"--out_dir={earlier}"],
+         f"compare: error: --out_dir={earlier}: holds the runs of an earlier one (async), "),
         (["bench", "--rounds=0"], "bench: error: flag --rounds=0: 0 is not a positive integer"),
         (["bench", "--rounds=abc"], "bench: error: flag --rounds=abc: expected a whole number"),
         (["bench", f"--bench_dir={a_file}"],

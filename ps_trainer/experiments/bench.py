@@ -87,6 +87,9 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
              [r.result.get("examples_per_sec", 0.0) for r in done],
              split, done[0].result.get("accuracy"))
 
+# The run directories run_bench makes in --bench_dir.
+RUN_DIRS = ("local-*", "cluster-*", "plain-*", "async-2", "sync-2")
+
 
 def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
               say=print) -> List[Row]:
@@ -182,6 +185,7 @@ def main(argv):
       "runs", time.strftime("bench-%Y%m%d-%H%M%S")))
   try:
     values = trainer_args.parse(argv[1:], _OWNED, REFERENCE_WORK)
+    output_dir.refuse_earlier_runs(bench_dir, "--bench_dir", RUN_DIRS)
     output_dir.prepare(bench_dir, "--bench_dir")
   except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"bench: error: {e}", file=sys.stderr)

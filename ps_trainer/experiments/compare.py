@@ -39,11 +39,14 @@ _OWNED = {"ps_hosts", "worker_hosts", "job_name", "task_index", "log_dir",
           "num_workers", "sync_replicas", "replicas_to_aggregate",
           "record_steps"}
 
+# Each mode's extra flags; the name is its run's directory in --out_dir.
+MODES = {"async": [], "sync": ["--sync_replicas"]}
+
 
 def run_modes(flags_list: List[str], out_dir: str, num_ps: int,
               num_workers: int, say=print) -> Dict[str, dict]:
   modes = {}
-  for mode, extra in (("async", []), ("sync", ["--sync_replicas"])):
+  for mode, extra in MODES.items():
     say(f"compare: {mode} on {num_ps} PS + {num_workers} worker(s) ...")
     run = runs.run_local_cluster(
         mode, num_ps, num_workers, flags_list + ["--record_steps"] + extra,
@@ -63,6 +66,7 @@ def main(argv):
   out_dir = os.path.abspath(FLAGS.out_dir)
   try:
     values = trainer_args.parse(argv[1:], _OWNED, {})
+    output_dir.refuse_earlier_runs(out_dir, "--out_dir", list(MODES))
     output_dir.prepare(out_dir, "--out_dir")
   except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"compare: error: {e}", file=sys.stderr)

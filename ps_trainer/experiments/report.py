@@ -163,6 +163,7 @@ def draw(fig: dict, path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=g-import-not-at-top
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   stale = [m for m in fig["modes"] if m["staleness"]]
   columns = 3 if stale else 2
   figure, axes = pyplot.subplots(1, columns, figsize=(5.2 * columns, 4.2))
@@ -185,6 +186,8 @@ def draw(fig: dict, path: str) -> None:
     dist = stale[0]["staleness"]
     values = [int(k) for k in dist["counts"]]
     axes[2].bar(values, [dist["counts"][str(v)] / dist["steps"] for v in values])
+    # Whole updates: no tick between two of them.
+    axes[2].xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     axes[2].set_xlabel("staleness (updates between read and apply)")
     axes[2].set_ylabel("share of steps")
     axes[2].set_title(f"Gradient staleness, {stale[0]['mode']}")
