@@ -324,8 +324,11 @@ case "${1:-}" in
   bench | compare) run_experiment "$@" ;;
   plan) shift; bootstrap runtime; exec "$PY" -m ps_trainer.plan_main "$@" ;;
   clicks) shift; bootstrap runtime; exec "$PY" -m ps_trainer.clicks "$@" ;;
-  *)
+  -* | "")
     # One task: exec, so the trainer's PID is this script's (signals from a scheduler reach it).
     bootstrap runtime
     exec "$PY" -m ps_trainer "$@" ;;
+  *)
+    DIE_STATUS=2 die "unknown command '$1': the commands are local, bench, compare, plan, clicks," \
+      "test and help; for one task, pass only trainer --flags (./launch.sh --help)" ;;
 esac

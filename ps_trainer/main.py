@@ -44,10 +44,9 @@ def _fail(message: str, status: int = 2) -> None:
 
 
 def main(argv) -> int:
-  if len(argv) > 1:
-    raise app.UsageError(
-        f"unexpected arguments {' '.join(argv[1:])!r}; every setting is a "
-        "--flag (see --helpfull)")
+  if len(argv) > 1:  # absl's UsageError would print the whole help first.
+    _fail(f"unexpected arguments {' '.join(argv[1:])!r}; every setting is a "
+          "--flag (see --helpfull)")
   # Only pure modules so far: bad flags and TF_CONFIG answer in a blink,
   # before TensorFlow loads.
   from ps_trainer import cluster as cluster_lib

@@ -509,6 +509,13 @@ class BinaryFlagErrorTest(parameterized.TestCase):
     matching = [l for l in stderr.splitlines() if re.search(pattern, l)]
     self.assertLen(matching, 1, f"no single stderr line matches {pattern!r}{where}")
 
+  def test_a_stray_argument_is_that_line_alone_and_status_2(self):
+    # Not the whole --help first: a mistyped launch.sh command used to end up here.
+    code, stdout, stderr, _, _ = _binary(["stray", "--train_steps=5"], {})
+    self.assertEqual((code, stdout, stderr), (
+        2, "", "ps_trainer: error: unexpected arguments 'stray'; every setting is a --flag "
+        "(see --helpfull)"))
+
   @parameterized.named_parameters(*_BINARY_CASES)
   def test_fails_before_importing_tensorflow(self, argv, env, pattern):
     del pattern  # Checked above.

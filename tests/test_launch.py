@@ -76,6 +76,13 @@ class LaunchInputTest(absltest.TestCase):
         runs = os.path.join(cwd, "runs")
         self.assertEqual(os.listdir(runs) if os.path.isdir(runs) else [], [], out)
 
+  def test_an_unknown_command_is_one_line_not_the_trainers_help(self):
+    code, out = _run([testutil.LAUNCH_SH, "lcoal", "--train_steps=5"])
+    self.assertEqual(code, 2, out)
+    self.assertEqual(out, "launch.sh: unknown command 'lcoal': the commands are local, bench, "
+                     "compare, plan, clicks, test and help; for one task, pass only trainer "
+                     "--flags (./launch.sh --help)\n")
+
   def test_help(self):
     code, out = _run([testutil.LAUNCH_SH, "--help"])
     self.assertEqual(code, 0, out)
