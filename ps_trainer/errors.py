@@ -21,10 +21,19 @@ def first_line(text: str, default: str = "no details") -> str:
   return default
 
 
+def say(line: str, stream=None) -> None:
+  """print(line, flush=True) in one write. print() writes the line, then
+  its newline: a line another thread printed in between (a signal's notice
+  while the main thread prints progress) was glued to the end of it."""
+  stream = stream or sys.stdout
+  stream.write(line + "\n")
+  stream.flush()
+
+
 def warn(message: str) -> None:
   """A warning line on stderr that reads like the trainer's other lines,
   not like absl's log format (level, time, thread id, file:line)."""
-  print(f"ps_trainer: warning: {message}", file=sys.stderr, flush=True)
+  say(f"ps_trainer: warning: {message}", sys.stderr)
 
 
 # absl's words for a value of the wrong type are Python's own; what a user

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from ps_trainer import errors
 from ps_trainer import stops
 
 
@@ -157,8 +158,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     self._last_line = None  # Rates restart with the session.
     global_step = int(session.run(self._fetches["global_step"]))
     if global_step > 0:
-      print(f"{self._name}: starting at global step {global_step} of "
-            f"{self._train_steps}", flush=True)
+      errors.say(f"{self._name}: starting at global step {global_step} of "
+                 f"{self._train_steps}")
 
   def before_run(self, run_context):
     return tf.compat.v1.train.SessionRunArgs(self._fetches)
@@ -175,9 +176,9 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     if self._steps % self._every == 0:
       seconds = now - self._last_line[0]
       rate = (global_step - self._last_line[1]) / seconds if seconds > 0 else 0
-      print(f"{self._name}: step {global_step}/{self._train_steps}  "
-            f"loss {self.last_loss:.4f}  {rate:.1f} steps/s  "
-            f"{rate * self._examples:.0f} examples/s", flush=True)
+      errors.say(f"{self._name}: step {global_step}/{self._train_steps}  "
+                 f"loss {self.last_loss:.4f}  {rate:.1f} steps/s  "
+                 f"{rate * self._examples:.0f} examples/s")
       self._last_line = (now, global_step)
 
 
@@ -220,8 +221,8 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
       # steps has no speed to report.
       with open(self._path) as f:
         self.result = json.load(f)
-      print(f"nothing to train: global step {global_step} has reached "
-            f"--train_steps; kept {self._path}", flush=True)
+      errors.say(f"nothing to train: global step {global_step} has reached "
+                 f"--train_steps; kept {self._path}")
       return
     steps_per_sec = self._throughput.steps_per_sec()
     metrics = self._evaluate(session)
@@ -236,7 +237,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         wall_secs=self._throughput.wall_secs(),
         **self._fields)
     write_json(self._path, self.result)
-    print(summary_line(self.result), flush=True)
+    errors.say(summary_line(self.result))
 
 
 def summary_line(result: dict) -> str:

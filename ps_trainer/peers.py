@@ -6,6 +6,7 @@ import os
 
 import tensorflow as tf
 
+from ps_trainer import errors
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import waits
@@ -149,7 +150,7 @@ class Peers:
       path = tg.saver.save(
           session, os.path.join(self._cfg.train.log_dir, "model.ckpt"),
           global_step=tg.global_step, write_meta_graph=False)
-    print(f"{self._cfg.task_name}: wrote a last checkpoint {path}", flush=True)
+    errors.say(f"{self._cfg.task_name}: wrote a last checkpoint {path}")
 
   def leave(self) -> None:
     """Tells the PS tasks this replica is done for good (finished or stopped)."""

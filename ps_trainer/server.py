@@ -274,9 +274,9 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   server = start_server(info)
   watch = _WorkerWatch(info, wait_timeout_secs, probe_every_secs, clock)
   with _DoneFlags(info, server.target) as read_flags:
-    print(f"ps {info.task_index}: serving on {info.address}; waiting for "
-          f"{info.num_workers} worker(s) to finish{host_cores.pinned_note()}",
-          flush=True)
+    errors.say(f"ps {info.task_index}: serving on {info.address}; waiting "
+               f"for {info.num_workers} worker(s) to finish"
+               f"{host_cores.pinned_note()}")
     # The flags, not their count: one replica started again (its flag
     # cleared) while another finishes leaves the count as it was.
     last = [0] * info.num_workers
@@ -297,8 +297,8 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = not_done_names(info, flags)
         watch.note_done(info, flags)
-        print(f"ps {info.task_index}: {done} of {info.num_workers} worker(s) "
-              f"done{'; waiting for ' + left if left else ''}", flush=True)
+        errors.say(f"ps {info.task_index}: {done} of {info.num_workers} "
+                   f"worker(s) done{'; waiting for ' + left if left else ''}")
         last = flags
         next_note = now + note_gap
       if done >= info.num_workers:
@@ -307,21 +307,21 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
       if stop.requested:
         stop_seen = stop_seen or now
         if not answering or now - stop_seen >= stop.grace_secs:
-          print(f"ps {info.task_index}: stopped on {stop.signal_name} with "
-                f"{done} of {info.num_workers} worker(s) done", flush=True)
+          errors.say(f"ps {info.task_index}: stopped on {stop.signal_name} "
+                     f"with {done} of {info.num_workers} worker(s) done")
           return stop.exit_status()
       elif watch.gave_up(now):
-        print(f"ps {info.task_index}: giving up: no worker has answered for "
-              f"{wait_timeout_secs:.0f} s ({watch.describe()}) and {done} of "
-              f"{info.num_workers} said done (--wait_timeout_secs); exiting "
-              "with status 1", flush=True)
+        errors.say(f"ps {info.task_index}: giving up: no worker has answered "
+                   f"for {wait_timeout_secs:.0f} s ({watch.describe()}) and "
+                   f"{done} of {info.num_workers} said done "
+                   "(--wait_timeout_secs); exiting with status 1")
         return 1
       time.sleep(poll_secs)
   if stop.requested:  # Stopped tasks exit 128 + the signal, as the others.
-    print(f"ps {info.task_index}: every worker is done; stopped on "
-          f"{stop.signal_name}", flush=True)
+    errors.say(f"ps {info.task_index}: every worker is done; stopped on "
+               f"{stop.signal_name}")
     return stop.exit_status()
-  print(f"ps {info.task_index}: every worker is done; exiting", flush=True)
+  errors.say(f"ps {info.task_index}: every worker is done; exiting")
   return 0
 
 
@@ -381,9 +381,9 @@ class _WorkerWatch:
         self._last_answer = now
         self._next_note = now + self._note_every
       elif now >= self._next_note:
-        print(f"{self._who}: no worker has answered for "
-              f"{now - self._last_answer:.0f} s ({self.describe()}); giving "
-              f"up after {self._timeout:.0f} s", flush=True)
+        errors.say(f"{self._who}: no worker has answered for "
+                   f"{now - self._last_answer:.0f} s ({self.describe()}); "
+                   f"giving up after {self._timeout:.0f} s")
         self._next_note = now + self._note_every
     return self._answering
 

@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from ps_trainer import errors
 from ps_trainer import stops
 
 
@@ -160,9 +161,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
       if waited >= next_note:
-        print(f"{self._stop.who}: this step has waited {waited:.0f} s for "
-              f"{self._what()}; giving up after {self._timeout:.0f} s",
-              flush=True)
+        errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
+                   f"{self._what()}; giving up after {self._timeout:.0f} s")
         next_note += self._note_every
 
   def _gave_up_outside_steps(self) -> bool:

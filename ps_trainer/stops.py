@@ -99,19 +99,19 @@ class StopRequest:
     with self._lock:
       if self._deadline_at is not None:
         left = max(0, self._deadline_at - time.monotonic())
-        print(f"{self.who}: got {name}: already stopping (at most {left:.0f} "
-              "s more)", flush=True)
+        errors.say(f"{self.who}: got {name}: already stopping (at most "
+                   f"{left:.0f} s more)")
         return
       self.signum = signum
       self._deadline_at = time.monotonic() + self.grace_secs
       if self._then is None:
-        print(f"{self.who}: got {name}: {self._how} (at most "
-              f"{self.grace_secs:.0f} s)", flush=True)
+        errors.say(f"{self.who}: got {name}: {self._how} (at most "
+                   f"{self.grace_secs:.0f} s)")
         reason = (f"still not stopped {self.grace_secs:.0f} s after {name} "
                   "(blocked waiting for another task)")
       else:
-        print(f"{self.who}: got {name} while {self._then}: exiting in at most "
-              f"{self.grace_secs:.0f} s", flush=True)
+        errors.say(f"{self.who}: got {name} while {self._then}: exiting in "
+                   f"at most {self.grace_secs:.0f} s")
         reason = (f"still {self._then} {self.grace_secs:.0f} s after {name}")
       self._disarm = threading.Event()
       self._event.set()
@@ -145,8 +145,7 @@ class StopRequest:
     """Runs the last resorts (those `resorts(before_restart)` picks), then
     ends the process at once with `status`."""
     with self._exiting:  # One forced exit, even if two threads get here.
-      print(f"{self.who}: {reason}; exiting now with status {status}",
-            flush=True)
+      errors.say(f"{self.who}: {reason}; exiting now with status {status}")
       self._run_last_resorts(resorts)
       os._exit(status)  # pylint: disable=protected-access
 
@@ -172,8 +171,8 @@ class StopRequest:
                         "to stop", self.exit_status())
         return  # Only where force_exit is replaced (tests).
       count = MAX_RESTARTS - self.restarts_left() + 1
-      print(f"{self.who}: {reason}; starting this task again with the same "
-            f"command (restart {count} of at most {MAX_RESTARTS})", flush=True)
+      errors.say(f"{self.who}: {reason}; starting this task again with the "
+                 f"same command (restart {count} of at most {MAX_RESTARTS})")
       self._run_last_resorts(lambda before_restart: before_restart)
       if self.requested:  # Asked during those: the rest, not them again.
         self.force_exit(f"{self.signal_name} asked this task to stop while "
@@ -194,15 +193,14 @@ class StopRequest:
         continue
       left = deadline - time.monotonic()
       if left <= 0:
-        print(f"{self.who}: no time left for {what}", flush=True)
+        errors.say(f"{self.who}: no time left for {what}")
         continue
       worker = threading.Thread(target=_quietly,
                                 args=(action, what, self.who), daemon=True)
       worker.start()
       worker.join(left)
       if worker.is_alive():
-        print(f"{self.who}: {what} did not finish within {left:.1f} s",
-              flush=True)
+        errors.say(f"{self.who}: {what} did not finish within {left:.1f} s")
     sys.stdout.flush()
     sys.stderr.flush()
 
@@ -212,4 +210,4 @@ def _quietly(action, what, who):
     action()
   except Exception as e:  # pylint: disable=broad-except
     detail = errors.first_line(str(e), type(e).__name__)
-    print(f"{who}: {what} failed: {detail}", flush=True)
+    errors.say(f"{who}: {what} failed: {detail}")

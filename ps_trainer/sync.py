@@ -266,8 +266,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
           stop_seen, blocked_since) < self._stopping_step_secs):
         continue
       if not told:
-        print(f"{self._stop.who}: stopping, but this step still waits for "
-              "other workers' gradients; ending it without them", flush=True)
+        errors.say(f"{self._stop.who}: stopping, but this step still waits for "
+                   "other workers' gradients; ending it without them")
         told = True
       if self._release_in_own_session(self._release_own_op):
         return
@@ -311,8 +311,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # no more without saying so has crashed and never will.
       if (self._others_gone is not None and time.monotonic() - start > 2
           and self._others_gone()):
-        print(f"chief: {what()}, but none of them answers; ending the run "
-              "without them", flush=True)
+        errors.say(f"chief: {what()}, but none of them answers; ending the run "
+                   "without them")
         return True
       return False
 

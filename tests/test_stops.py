@@ -101,6 +101,32 @@ class StopRequestTest(absltest.TestCase):
         ("still exporting the finished run 0 s after SIGTERM", 143)])
 
 
+class _Writes(io.StringIO):
+  """A stream that keeps each write() apart."""
+
+  def __init__(self):
+    super().__init__()
+    self.writes = []
+
+  def write(self, text):
+    self.writes.append(text)
+    return super().write(text)
+
+
+class OneWriteLinesTest(absltest.TestCase):
+
+  def test_a_signal_notice_is_one_write_so_no_other_line_can_split_it(self):
+    # print() writes a line, then its newline: a progress line printed by the main thread
+    # in between read "... examples/schief: got SIGINT: ..." in a task's log.
+    stop = stops.StopRequest("chief", grace_secs=600)
+    self.addCleanup(stop.ended)
+    stream = _Writes()
+    with contextlib.redirect_stdout(stream):
+      stop.request(signal.SIGINT)
+    self.assertEqual(stream.writes, ["chief: got SIGINT: stopping after the current step (at "
+                                     "most 600 s)\n"])
+
+
 class WaitStopsTest(absltest.TestCase):
 
   def test_a_requested_stop_ends_a_wait(self):
