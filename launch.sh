@@ -116,7 +116,7 @@ STOP_GRACE_SECS=35
 on_signal() {  # name exit-status
   trap - INT TERM
   msg "got SIG$1: stopping $(running_tasks) (the chief writes a final checkpoint first)"
-  stop_tasks "$STOP_GRACE_SECS"
+  stop_tasks "$STOP_GRACE_SECS" "$1"   # The same signal: Ctrl-C reads as SIGINT in their logs.
   # Ctrl-C also ended the tail showing the chief's log: repeat its word on where to continue.
   if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]]; then
     this_run_log "$CHIEF" | grep -a "the same command continues from it" | tail -n 1 || true

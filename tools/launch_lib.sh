@@ -189,13 +189,14 @@ running_tasks() {
   echo "${out[*]}"
 }
 
-# SIGTERM every task still running, wait up to $1 s, then SIGKILL survivors, naming each.
-stop_tasks() {
-  local grace=$1 i deadline
+# Signal every task still running ($2, default SIGTERM), wait up to $1 s, then SIGKILL survivors,
+# naming each.
+stop_tasks() {  # grace-secs [signal, default TERM]
+  local grace=$1 sig=${2:-TERM} i deadline
   if [[ -n $TAIL_PID ]] && is_live_child "$TAIL_PID"; then kill -TERM "$TAIL_PID" 2>/dev/null || true; fi
   reap_tasks
   for i in "${!TASK_PIDS[@]}"; do
-    [[ -z ${TASK_DONE[i]} ]] && kill -TERM "${TASK_PIDS[i]}" 2>/dev/null || true
+    [[ -z ${TASK_DONE[i]} ]] && kill -"$sig" "${TASK_PIDS[i]}" 2>/dev/null || true
   done
   deadline=$((SECONDS + grace))
   while [[ -n $(running_tasks) ]] && ((SECONDS < deadline)); do
@@ -204,7 +205,7 @@ stop_tasks() {
   done
   for i in "${!TASK_PIDS[@]}"; do
     if [[ -z ${TASK_DONE[i]} ]] && is_live_child "${TASK_PIDS[i]}"; then
-      msg "${TASK_NAMES[i]} (pid ${TASK_PIDS[i]}) ignored SIGTERM for ${grace} s: sending SIGKILL"
+      msg "${TASK_NAMES[i]} (pid ${TASK_PIDS[i]}) ignored SIG$sig for ${grace} s: sending SIGKILL"
       kill -KILL "${TASK_PIDS[i]}" 2>/dev/null || true
     fi
   done
