@@ -212,7 +212,8 @@ def _receive_stop_signals(cfg):
 
 
 def _describe(cfg) -> str:
-  mode = (f"sync, {cfg.train.replicas_to_aggregate} replicas per step"
+  replicas = cfg.train.replicas_to_aggregate
+  mode = (f"sync, {replicas} replica{'s' if replicas > 1 else ''} per step"
           if cfg.train.sync_replicas else "async")
   if cfg.cluster is None:
     where = "local mode (one process, no cluster)"

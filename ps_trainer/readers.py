@@ -322,7 +322,12 @@ def _check_labels(y, key, label):
       np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all() and
       bool((y == np.round(y)).all()))
   if not integral or y.min() < 0:
-    bad = y.dtype if not integral else f"value {y.min()}"
+    if integral:
+      bad = f"value {y.min()}"
+    elif np.issubdtype(y.dtype, np.floating):  # Whole-valued floats pass.
+      bad = f"value {y[~(np.isfinite(y) & (y == np.round(y)))][0]:g}"
+    else:
+      bad = f"{y.dtype} values"
     raise DataError(f"{label}: {key} holds {bad}; labels must be non-negative "
                     f"integer class ids")
   return y.astype(np.int64)

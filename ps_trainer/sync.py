@@ -311,12 +311,15 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # no more without saying so has crashed and never will.
       if (self._others_gone is not None and time.monotonic() - start > 2
           and self._others_gone()):
-        errors.say(f"chief: {what()}, but none of them answers; ending the run "
+        silent = "it does not" if others == 1 else "none of them"
+        errors.say(f"chief: {what()}, but {silent} answers; ending the run "
                    "without them")
         return True
       return False
 
     def what():
+      if others == 1:
+        return "the other worker to finish its last synchronous step"
       return (f"{others - self._workers_done(session)} of {others} other "
               "workers to finish their last synchronous step")
 
