@@ -76,7 +76,8 @@ class Peers:
 
   def stall_reason(self) -> str:
     """What a long step waits for: the peers it needs that do not answer."""
-    waited_for = ("the gradients of the other workers"
+    # A sync step waits for both: a lost PS is as likely as a lost worker.
+    waited_for = ("the PS tasks and the other workers' gradients"
                   if self._cfg.train.sync_replicas else "the PS tasks")
     gone = waits.unreachable(self._needed())
     self._gone_when_named = set(gone)

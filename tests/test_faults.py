@@ -472,8 +472,8 @@ class LostSyncWorkerTest(absltest.TestCase):
     worker_hosts, = [a for a in cluster.common if a.startswith("--worker_hosts=")]
     address = worker_hosts.partition("=")[2].split(",")[1]
     named = re.compile(
-        r"^chief: this step has waited \d+ s for the gradients of the other workers; not "
-        rf"answering: worker 1 at {re.escape(address)}; giving up after {wait_timeout_secs} s$",
+        r"^chief: this step has waited \d+ s for the PS tasks and the other workers' gradients; "
+        rf"not answering: worker 1 at {re.escape(address)}; giving up after {wait_timeout_secs} s$",
         re.MULTILINE)
     self.wait_for(cluster, "note naming worker 1",
                   lambda: named.search(cluster.text_after_kill(CHIEF)), 60)
@@ -523,8 +523,8 @@ class LostSyncWorkerTest(absltest.TestCase):
                   lambda: chief.returncode is not None, 90)
     self.assertEqual(chief.returncode, 1, cluster.report("chief status"))
     after = cluster.text_after_kill(CHIEF)
-    self.assertRegex(after, r"chief: gave up after a step waited \d+ s for the gradients of the "
-                     r"other workers.*\(--wait_timeout_secs=30\).*; exiting now with status 1",
+    self.assertRegex(after, r"chief: gave up after a step waited \d+ s for the PS tasks and the "
+                     r"other workers' gradients.*\(--wait_timeout_secs=30\).*; exiting now with status 1",
                      cluster.report("no forced exit"))
     written = re.search(r"chief: wrote a last checkpoint (\S+)", after)
     self.assertIsNotNone(written, cluster.report("no last checkpoint"))
