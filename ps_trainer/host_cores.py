@@ -55,7 +55,10 @@ def allowed_cores() -> List[int]:
 def cores_for_task(info: cluster_lib.ClusterInfo,
                    allowed: Sequence[int]) -> Optional[List[int]]:
   """This task's own cores, or None: alone on its host, or more tasks than
-  cores there (then the OS shares them out)."""
+  cores there (then the OS shares them out), or a sparse cluster: it does
+  not list the other workers, so two on one host took the same core."""
+  if info.sparse:
+    return None
   here = tasks_on_host(info)
   if len(here) <= 1 or len(here) > len(allowed):
     return None

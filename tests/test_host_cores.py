@@ -1,5 +1,6 @@
 """Tasks sharing a host: threads per task, and each task on its own cores."""
 
+import json
 import os
 import signal
 import sys
@@ -69,6 +70,15 @@ class CoresForTaskTest(absltest.TestCase):
   def test_more_tasks_than_cores_leaves_them_to_the_os(self):
     got = self.all_cores(["h:1"], ["h:2", "h:3", "h:4"], [0, 1])
     self.assertEqual(set(got.values()), {None})
+
+  def test_a_sparse_cluster_leaves_its_tasks_to_the_os(self):
+    # Each worker sees only itself and the PS: both would take the core after the PS's.
+    for index in (0, 1):
+      worker = cluster_lib.parse_tf_config(json.dumps({
+          "sparseCluster": {"worker": {str(index): f"127.0.0.1:{2 + index}"},
+                            "ps": ["127.0.0.1:1"]},
+          "task": {"type": "worker", "index": index}}), num_workers=2)
+      self.assertIsNone(host_cores.cores_for_task(worker, [0, 1]))
 
   def test_tasks_on_other_hosts_do_not_count(self):
     got = self.all_cores(["ps0:1", "ps1:1"], ["w0:1", "w0:2"], [0, 1])
