@@ -17,6 +17,7 @@ reason still ends the run.
 """
 
 import collections
+import logging
 import time
 from typing import Callable, Optional, Sequence
 
@@ -156,6 +157,18 @@ class _ReplicaSession(tf_session.SessionInterface):
     return getattr(self._session, name)
 
 
+class _LostSessionCloseFilter(logging.Filter):
+  """Drops TF's multi-line error about closing a session lost to a PS or
+  chief that went away: the replica says so in one line of its own."""
+
+  def filter(self, record) -> bool:
+    return not str(record.msg).startswith(
+        "An error occurred when attempting to close the session")
+
+
+_LOST_SESSION_CLOSE_FILTER = _LostSessionCloseFilter()
+
+
 class _AnnouncedCreator(train.SessionCreator):
   """Runs `before()` ahead of each session; says so when a session is replaced."""
 
@@ -210,6 +223,8 @@ def monitored_session(*, who: str, is_chief: bool, target: str, config,
   is then not a lost peer. `on_run_done()` is called after each run that
   returns, the hooks' own at the end of the run included.
   """
+  # Once per process: addFilter keeps one copy of a filter.
+  tf.get_logger().addFilter(_LOST_SESSION_CLOSE_FILTER)
   if is_chief:
     inner = train.ChiefSessionCreator(scaffold=scaffold, master=target,
                                       config=config, checkpoint_dir=log_dir)

@@ -46,7 +46,6 @@ import threading
 import time
 from typing import Callable, Optional
 
-from absl import logging
 import tensorflow as tf
 
 from ps_trainer import errors
@@ -211,7 +210,9 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
         applied += 1
     except Exception as e:  # pylint: disable=broad-except
       if not self._stopping.is_set():
-        logging.error("sync thread stopped: %s", errors.first_line(str(e)))
+        # The session is lost (a PS went away): "lost the session" follows.
+        errors.say("chief: the aggregation of sync steps stopped: "
+                   + errors.first_line(str(e)))
         try:
           coord.request_stop(e)
         except Exception:  # pylint: disable=broad-except
@@ -329,7 +330,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     try:
       waits.wait_until(released, what, bound, poll_secs=0.2)
     except waits.WaitTimeout as e:
-      logging.warning("%s; ending the run without them", e)
+      errors.warn(f"{e}; ending the run without them")
 
   def _stop_sync_thread(self, finish_within_secs: float = 0.0):
     """Ends the sync thread, after letting a sync op in progress finish
@@ -347,7 +348,8 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._sync_session.close()
     self._thread.join(timeout=30)
     if self._thread.is_alive():
-      logging.warning("the sync thread did not stop within 30 s")
+      errors.warn("the chief's aggregation of sync steps did not stop within "
+                  "30 s")
     self._thread = None
 
 
@@ -365,8 +367,8 @@ class FinalCheckpointGuard(tf.compat.v1.train.SessionRunHook):
     try:
       self.sync_hook.stop_aggregating()
     except Exception as e:  # pylint: disable=broad-except
-      logging.warning("could not stop the sync thread before the final "
-                      "checkpoint: %s", errors.first_line(str(e)))
+      errors.warn("could not stop the aggregation of sync steps before the "
+                  "final checkpoint: " + errors.first_line(str(e)))
 
 
 def _give_tokens(session, release_op) -> bool:

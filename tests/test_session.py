@@ -111,6 +111,17 @@ class CancelledStepTest(absltest.TestCase):
     with self.assertRaises(tf.errors.CancelledError):
       self.run_steps(cancelled_sessions=1, steps=1, stopping=lambda: True)
 
+  def test_tfs_error_on_closing_a_lost_session_is_dropped_and_others_kept(self):
+    # After a PS restart it printed a multi-line "Graph execution error" block right
+    # before the replica's own "lost the session (...); reconnecting".
+    self.run_steps(cancelled_sessions=0, steps=1)  # A monitored session installs the filter.
+    with self.assertNoLogs("tensorflow", level="ERROR"):
+      tf.get_logger().error("An error occurred when attempting to close the session. This may "
+                            "be due to a preemption in a connected worker or parameter server. "
+                            "Error: %s", "Graph execution error:\n\nDetected at node ...")
+    with self.assertLogs("tensorflow", level="ERROR"):
+      tf.get_logger().error("something else went wrong")
+
   def test_the_session_passes_saver_and_queue_runner_type_checks(self):
     log_dir = testutil.make_tempdir(self)
     graph = tf.Graph()
