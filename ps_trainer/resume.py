@@ -12,6 +12,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from ps_trainer import errors
 from ps_trainer import waits
 
 
@@ -39,10 +40,13 @@ class ChiefStart:
       PS restarted too, its queues are new and the steps since the
       checkpoint are trained again.
     last_step: --train_steps; no move goes past it.
+    who: names the task in what it says ("chief", "local").
   """
 
   def __init__(self, model_variables, not_ready, global_step,
-               sync: bool = False, last_step: Optional[int] = None):
+               sync: bool = False, last_step: Optional[int] = None,
+               who: str = "chief"):
+    self.who = who
     self._model_variables = list(model_variables)
     self._not_ready = not_ready
     self._initialize = tf.compat.v1.variables_initializer(
@@ -140,5 +144,7 @@ class _KeepingSaver(tf.compat.v1.train.Saver):
       return
     tokens_live = start._tokens_outlived_the_model(sess)  # pylint: disable=protected-access
     super().restore(sess, save_path)
+    # Silent in TF; after a PS restart it is what the job went back to.
+    errors.say(f"{start.who}: restored {save_path}")
     if tokens_live:
       start._step_past_live_tokens(sess)  # pylint: disable=protected-access

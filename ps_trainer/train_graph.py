@@ -132,7 +132,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       chief_start = resume.ChiefStart(model_variables, model_not_ready,
                                       global_step,
                                       sync=cfg.train.sync_replicas,
-                                      last_step=cfg.train.train_steps)
+                                      last_step=cfg.train.train_steps,
+                                      who=cfg.task_name)
       # Not sharded: the chief writes the whole checkpoint into its own
       # --log_dir, so bare hosts need no shared file system.
       saver = chief_start.saver(sharded=False, max_to_keep=5,

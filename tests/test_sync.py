@@ -255,7 +255,7 @@ class ChiefRestoreTest(tf.test.TestCase):
     start, saver = self._chief_start(last_step=1000)
     step, said = self._restore(saver, tokens_kept=False)
     self.assertEqual(step, self.CHECKPOINT_STEP)
-    self.assertEqual(said, "")
+    self.assertEqual(said, f"chief: restored {self.path}\n")  # No global step moved.
     self.assertFalse(start.resumed_mid_run)  # Fresh queues: nobody to release.
 
   def test_past_the_tokens_of_a_ps_that_kept_running(self):

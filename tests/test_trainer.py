@@ -92,6 +92,7 @@ class LocalTrainingTest(absltest.TestCase):
     os.rename(self.log_dir, moved)
     self.addCleanup(shutil.rmtree, moved)
     result, output = self.train_in(moved, 60)
+    self.assertIn(f"local: restored {moved}/model.ckpt-30\n", output)
     self.assertIn("starting at global step 30 of 60", output)
     self.assertEqual(result["global_step"], 60)
 
