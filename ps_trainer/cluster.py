@@ -152,6 +152,10 @@ def from_flags(ps_hosts: str, worker_hosts: str, job_name: str,
     own = ps if job_name == "ps" else workers
     _check_index(f"--task_index={task_index}", job_name, task_index,
                  len(own))
+  elif task_index != 0:
+    raise ClusterError(
+        f"--task_index={task_index}: a job has one evaluator, task 0 (two "
+        "would write the same eval.json)")
   return ClusterInfo(
       jobs={"ps": dict(enumerate(ps)), "worker": dict(enumerate(workers))},
       job_name=job_name, task_index=task_index,

@@ -78,6 +78,15 @@ class _Evaluation:
       self.saver = tf.compat.v1.train.Saver(self.variables, sharded=False)
     self.graph.finalize()
 
+  def check(self, checkpoint: str) -> None:
+    """Raises EvaluatorError if `checkpoint` is of another model; errors
+    reading it (tf.errors.OpError, ValueError) pass through."""
+    problem = checkpoints.mismatch(checkpoint, self.variables)
+    if problem:
+      raise EvaluatorError(
+          f"the checkpoint {checkpoint} does not hold this model ({problem}); "
+          "start the evaluator with the training flags of the job")
+
   def score(self, session, checkpoint: str) -> dict:
     """Restores `checkpoint` and scores it.
 
@@ -85,11 +94,7 @@ class _Evaluation:
       EvaluatorError: the checkpoint is of another model.
       tf.errors.OpError, ValueError: it cannot be read (deleted meanwhile).
     """
-    problem = checkpoints.mismatch(checkpoint, self.variables)
-    if problem:
-      raise EvaluatorError(
-          f"the checkpoint {checkpoint} does not hold this model ({problem}); "
-          "start the evaluator with the training flags of the job")
+    self.check(checkpoint)
     self.saver.restore(session, checkpoint)
     step = int(session.run(self.global_step))
     metrics = self.evaluate(session)
@@ -124,6 +129,9 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
   """
   log_dir = cfg.train.log_dir
   evaluation = _Evaluation(cfg, dataset)
+  newest = checkpoints.latest(log_dir)
+  if newest:  # Now, not only when there is something left to score.
+    evaluation.check(newest)
   scores = read_scores(log_dir)
   scored = {s["global_step"] for s in scores}
   writer = tf.compat.v1.summary.FileWriter(

@@ -102,6 +102,11 @@ class EvaluatorTest(absltest.TestCase):
         r"start the evaluator with the training flags of the job$"):
       self.evaluate(100, "--hidden_units=32")
     self.assertEqual(evaluator.read_scores(self.log_dir), [])
+    # Also once every checkpoint was scored: it used to exit 0 then, unchecked.
+    scores = self.evaluate(100)
+    with self.assertRaisesRegex(evaluator.EvaluatorError, r"does not hold this model"):
+      self.evaluate(100, "--hidden_units=32")
+    self.assertEqual(evaluator.read_scores(self.log_dir), scores)
 
   def test_gives_up_when_no_checkpoint_comes(self):
     with self.assertRaisesRegex(

@@ -457,6 +457,10 @@ _BINARY_CASES = (
      r"--ps_hosts: 'nohostport' is not host:port; expected e\.g\."),
     ("tf_config_not_json", [], {"TF_CONFIG": "not json"},
      r"TF_CONFIG is not valid JSON \("),
+    ("second_evaluator",
+     ["--ps_hosts=a:1", "--worker_hosts=b:1", "--job_name=evaluator", "--task_index=1"], {},
+     r"^ps_trainer: error: --task_index=1: a job has one evaluator, task 0 \(two would write "
+     r"the same eval\.json\)$"),
     ("positional_argument", ["stray"], {},
      r"unexpected arguments 'stray'; every setting is a --flag"),
 )
