@@ -140,7 +140,8 @@ flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, req))[1]  # SIOCGIFFLAGS
 fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP' \
         || die "cannot bring up loopback in the private network namespace"
     fi
-    msg "the tasks run in a private network namespace (loopback only): no other host can reach them"
+    # Said by the caller once its input is checked: a mistake stays the only line.
+    NETNS_NOTE="the tasks run in a private network namespace (loopback only): no other host can reach them"
     return
   fi
   if ! command -v unshare >/dev/null 2>&1; then
@@ -216,6 +217,7 @@ run_local() {
     exit "$status"
   fi
   mkdir -p "$log_dir/logs" 2>/dev/null || DIE_STATUS=2 die "cannot create --log_dir=$log_dir/logs"
+  [[ -z ${NETNS_NOTE:-} ]] || msg "$NETNS_NOTE"
 
   trap 'on_signal INT 130' INT
   trap 'on_signal TERM 143' TERM
@@ -262,6 +264,7 @@ run_experiment() {
   done
   bootstrap runtime
   ((isolate)) && isolate_network "$what" "$@"
+  [[ -z ${NETNS_NOTE:-} ]] || msg "$NETNS_NOTE"
   local args=()
   for arg in "$@"; do [[ $arg == --no_isolate ]] || args+=("$arg"); done
   exec "$PY" -m "ps_trainer.experiments.$what" "${args[@]}"
