@@ -241,13 +241,16 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
 
 
 def summary_line(result: dict) -> str:
-  mode = "sync" if result["sync_replicas"] else "async"
+  if result.get("mode") == "local":  # One process: no updates to be async.
+    where = "local mode" + (", sync" if result["sync_replicas"] else "")
+  else:
+    where = (f"{'sync' if result['sync_replicas'] else 'async'}, "
+             f"{result['num_workers']} worker(s), {result['num_ps']} PS")
   return (f"done: step {result['global_step']}  test accuracy "
           f"{result['accuracy']:.4f}  test loss {result['loss']:.4f}  "
           f"{result['steps_per_sec']:.1f} steps/s  "
           f"{result['examples_per_sec']:.0f} examples/s  "
-          f"{result['wall_secs']:.1f} s  ({mode}, {result['num_workers']} "
-          f"worker(s), {result['num_ps']} PS)")
+          f"{result['wall_secs']:.1f} s  ({where})")
 
 
 def write_json(path: str, value) -> None:

@@ -217,10 +217,12 @@ def _describe(cfg) -> str:
           if cfg.train.sync_replicas else "async")
   if cfg.cluster is None:
     where = "local mode (one process, no cluster)"
+    mode = "sync" if cfg.train.sync_replicas else ""
   else:
     where = (f"{cfg.cluster.job_name} {cfg.cluster.task_index} of "
              f"{cfg.num_workers} worker(s) and {cfg.num_ps} PS")
-  return (f"ps_trainer: {where}, {mode}; --model={cfg.model.model} "
+  return (f"ps_trainer: {where}{', ' + mode if mode else ''}; "
+          f"--model={cfg.model.model} "
           f"--dataset={cfg.data.dataset} --optimizer={cfg.train.optimizer} "
           f"--learning_rate={cfg.train.learning_rate:g} "
           f"--train_steps={cfg.train.train_steps}")

@@ -121,6 +121,22 @@ class ResultHookTest(absltest.TestCase):
     self.assertIsNone(hook.result)
 
 
+class SummaryLineTest(absltest.TestCase):
+
+  def test_says_how_the_run_was_trained(self):
+    figures = dict(global_step=300, accuracy=0.98, loss=0.06, steps_per_sec=1000.0,
+                   examples_per_sec=64000.0, wall_secs=1.5)
+    cluster = dict(figures, mode="cluster", sync_replicas=False, num_workers=2, num_ps=1)
+    self.assertEqual(hooks.summary_line(cluster),
+                     "done: step 300  test accuracy 0.9800  test loss 0.0600  1000.0 steps/s  "
+                     "64000 examples/s  1.5 s  (async, 2 worker(s), 1 PS)")
+    self.assertTrue(hooks.summary_line(dict(cluster, sync_replicas=True)).endswith(
+        "1.5 s  (sync, 2 worker(s), 1 PS)"))
+    # One process has nothing to be async about, nor workers or PS tasks.
+    local = dict(figures, mode="local", sync_replicas=False, num_workers=1, num_ps=0)
+    self.assertTrue(hooks.summary_line(local).endswith("1.5 s  (local mode)"))
+
+
 class NamesTest(absltest.TestCase):
   """flags.py keeps its own copies (it must not import TF); they must agree."""
 
