@@ -11,6 +11,7 @@ import subprocess
 
 from absl.testing import absltest
 
+from ps_trainer.experiments import bench
 from ps_trainer.experiments import trainer_args
 import testutil
 
@@ -98,6 +99,19 @@ class TrainerArgsTest(absltest.TestCase):
     with self.assertRaisesRegex(trainer_args.ArgsError,
                                 "^--nobatch_size: not a trainer flag"):
       trainer_args.parse(["--nobatch_size"], owned=set(), defaults={})
+
+
+class BenchTableTest(absltest.TestCase):
+
+  def test_a_ratio_just_under_a_target_does_not_print_as_the_target(self):
+    runs = [dict(label=label, steps_per_sec=rate, examples_per_sec=64 * rate,
+                 vs_local=rate / 1286.5, ms_per_step=1000 / rate, split=None)
+            for label, rate in (("local (1 process)", 1286.5), ("1 PS + 1 worker", 642.2),
+                                ("plain TF1, 1 PS + 1 worker", 321.2))]
+    lines = bench.table({"runs": runs, "cluster_vs_local": 642.2 / 1286.5,
+                         "cluster_vs_plain_tf1": 642.2 / 321.2}).splitlines()
+    self.assertIn("1 PS + 1 worker / local: 0.499 (target >= 0.5: NOT met)", lines)
+    self.assertIn("1 PS + 1 worker / plain TF1: 1.999x (target >= 2.0x: NOT met)", lines)
 
 
 class BenchTest(absltest.TestCase):
