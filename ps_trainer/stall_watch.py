@@ -25,6 +25,9 @@ from ps_trainer import stops
 # writes from stopped serving; and so is each call at the end of the run.
 START_TIMEOUTS = 4
 
+# What a task does outside its steps, each bounded as above.
+_STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
+
 
 class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   """Says what a long step waits for, and ends the task if it never finishes.
@@ -86,18 +89,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._outside_steps_timeout = START_TIMEOUTS * timeout_secs
     self._start_peers = start_peers
     self._step_started = None
-    self._session_started = None
-    self._after_step_started = None
-    self._ending_since = None
+    # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
+    self._outside = None
     self._done = threading.Event()
     self._thread = None
 
   def session_starting(self) -> None:
     """Before each session is created: a failed step's clock stops here."""
     self._step_started = None
-    self._after_step_started = None
-    if self._session_started is None:  # Not a failed attempt made again.
-      self._session_started = time.monotonic()
+    if not self._outside_is(_STARTING):  # Not a failed attempt made again.
+      self._outside = (_STARTING, time.monotonic())
     self._watch_in_background()
 
   def tail(self) -> tf.compat.v1.train.SessionRunHook:
@@ -108,16 +109,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._watch_in_background()
 
   def before_run(self, run_context):
-    self._session_started = None
-    self._after_step_started = None
+    self._outside = None
     self._step_started = time.monotonic()
 
   def after_run(self, run_context, run_values):
     self._step_started = None
-    self._after_step_started = time.monotonic()
+    self._outside = (_AFTER_STEP, time.monotonic())
 
   def after_step_done(self) -> None:
-    self._after_step_started = None
+    self._outside = None
 
   def end(self, session):
     """TF's clean close: the end of the run (final checkpoint, evaluation)."""
@@ -127,18 +127,21 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     """From here to finished(), TF gets START_TIMEOUTS x `timeout_secs` for
     each call (run_done() ends one), and for the last one, leaving."""
     self._step_started = None
-    self._after_step_started = None
-    self._ending_since = time.monotonic()
+    self._outside = (_ENDING, time.monotonic())
 
   def run_done(self) -> None:
     """A run of the session came back (session.monitored_session's
     on_run_done): at the end of a run, progress."""
-    if self._ending_since is not None:
-      self._ending_since = time.monotonic()
+    if self._outside_is(_ENDING):
+      self._outside = (_ENDING, time.monotonic())
 
   def finished(self) -> None:
     """The task is done with TF's session and the PS tasks: the watch ends."""
     self._done.set()
+
+  def _outside_is(self, kind: str) -> bool:
+    outside = self._outside
+    return outside is not None and outside[0] == kind
 
   def _watch_in_background(self):
     if self._thread is None:
@@ -168,36 +171,33 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
     the run that overran."""
-    if self._start_peers is None or self._stop.requested:
+    outside = self._outside
+    if outside is None or self._start_peers is None or self._stop.requested:
       return False
-    now = time.monotonic()
-    started, after_step = self._session_started, self._after_step_started
-    ending = self._ending_since
+    kind, since = outside
+    waited = time.monotonic() - since
     limit = self._outside_steps_timeout
+    if waited < limit:
+      return False
     bound = f"(at most {limit:.0f} s, {START_TIMEOUTS} x --wait_timeout_secs)"
-    if started is not None and now - started >= limit:
-      self._stop.force_exit(
-          f"gave up after {now - started:.0f} s starting a session without "
-          f"reaching a step {bound}, though the tasks it needs accepted "
-          f"connections ({self._start_peers()}): one of them may not be "
-          "serving (stopped, paused or wedged), or a restore is that slow; "
-          "the newest checkpoint is kept", 1)
-      return True
-    if after_step is not None and now - after_step >= limit:
-      self._stop.force_exit(
-          f"gave up after {now - after_step:.0f} s in the work after a step "
-          f"(a checkpoint save?) {bound}: {self._start_peers()} may not be "
-          "serving (stopped, paused or wedged)", 1)
-      return True
-    if ending is not None and now - ending >= limit:
-      self._stop.force_exit(
-          f"gave up after {now - ending:.0f} s waiting for TensorFlow at the "
-          "end of the run (the final checkpoint, the test split's "
-          f"evaluation or telling the PS tasks this worker is done) {bound}: "
-          f"{self._start_peers()} may not be serving (stopped, paused or "
-          "wedged); the newest checkpoint is kept", 1)
-      return True
-    return False
+    peers = self._start_peers()
+    not_serving = f"{peers} may not be serving (stopped, paused or wedged)"
+    doing = {
+        _STARTING: (
+            f"starting a session without reaching a step {bound}, though "
+            f"the tasks it needs accepted connections ({peers}): one of them "
+            "may not be serving (stopped, paused or wedged), or a restore is "
+            "that slow; the newest checkpoint is kept"),
+        _AFTER_STEP: (f"in the work after a step (a checkpoint save?) "
+                      f"{bound}: {not_serving}"),
+        _ENDING: (
+            "waiting for TensorFlow at the end of the run (the final "
+            "checkpoint, the test split's evaluation or telling the PS "
+            f"tasks this worker is done) {bound}: {not_serving}; the newest "
+            "checkpoint is kept"),
+    }[kind]
+    self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
+    return True
 
   def _give_up(self, waited: float) -> None:
     failed = ""
