@@ -392,5 +392,5 @@ class _WorkerWatch:
 
   def describe(self) -> str:
     """The workers not yet done, with their addresses."""
-    return ", ".join(f"{name} at {a}" for name, a in self._workers.items()
-                     if name not in self._done)
+    return waits.describe({name: a for name, a in self._workers.items()
+                           if name not in self._done})

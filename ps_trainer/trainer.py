@@ -14,6 +14,7 @@ import tensorflow as tf
 from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
+from ps_trainer import errors
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import host_cores
 from ps_trainer import peers
@@ -69,9 +70,9 @@ def build(cfg: config_lib.Config,
   if cfg.is_chief:  # Only the chief restores and saves.
     moved_from = checkpoints.relocate(cfg.train.log_dir)
     if moved_from:
-      print(f"{cfg.task_name}: the checkpoint file of --log_dir named "
-            f"{moved_from} (the directory was moved or copied); it now names "
-            f"the checkpoints in {cfg.train.log_dir}", flush=True)
+      errors.say(f"{cfg.task_name}: the checkpoint file of --log_dir named "
+                 f"{moved_from} (the directory was moved or copied); it now "
+                 f"names the checkpoints in {cfg.train.log_dir}")
     checkpoints.check_log_dir(cfg.train.log_dir, tg.model_variables)
   return tg
 
