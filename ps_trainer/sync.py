@@ -302,6 +302,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     if self._workers_done is None:
       return
     others = self._num_workers - 1
+    them = "it" if others == 1 else "them"
     start = time.monotonic()
 
     def released():
@@ -312,9 +313,9 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       # no more without saying so has crashed and never will.
       if (self._others_gone is not None and time.monotonic() - start > 2
           and self._others_gone()):
-        silent = "it does not" if others == 1 else "none of them"
-        errors.say(f"chief: {what()}, but {silent} answers; ending the run "
-                   "without them")
+        silent = "it does not answer" if others == 1 else "none of them answers"
+        errors.say(f"chief: {what()}, but {silent}; ending the run without "
+                   f"{them}")
         return True
       return False
 
@@ -330,7 +331,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     try:
       waits.wait_until(released, what, bound, poll_secs=0.2)
     except waits.WaitTimeout as e:
-      errors.warn(f"{e}; ending the run without them")
+      errors.warn(f"{e}; ending the run without {them}")
 
   def _stop_sync_thread(self, finish_within_secs: float = 0.0):
     """Ends the sync thread, after letting a sync op in progress finish

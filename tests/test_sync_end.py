@@ -4,6 +4,8 @@ The replicas, their known gradients and the expected variables are in
 sync_testlib.py.
 """
 
+import contextlib
+import io
 import threading
 import time
 
@@ -12,6 +14,7 @@ import tensorflow as tf
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
+from ps_trainer import sync
 from inprocess_cluster import InProcessCluster
 import sync_testlib
 from sync_testlib import (INIT, THREAD_TIMEOUT_SECS, BoundedThread, FakeStop,
@@ -40,6 +43,33 @@ class _ModelProbe(tf.compat.v1.train.SessionRunHook):
       self.steps = (at_end, later, int(saved))
     finally:
       self._then()
+
+
+class _ReleasesNothing:
+  """A session whose release op runs, and no other worker ever says done."""
+
+  def run(self, unused_fetches):
+    return None
+
+
+class OthersGoneAtTheEndTest(tf.test.TestCase):
+  """The chief's end when the other workers crashed without saying done."""
+
+  def said(self, num_workers: int) -> str:
+    hook = sync.SyncReplicasHook(None, is_chief=True, num_workers=num_workers,
+                                 session_factory=None, workers_done=lambda _: 0,
+                                 others_gone=lambda: True)
+    hook._release_op = "release"  # pylint: disable=protected-access
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook._release_workers(_ReleasesNothing())  # pylint: disable=protected-access
+    return output.getvalue()
+
+  def test_the_chief_names_them_and_ends_the_run(self):
+    self.assertEqual(self.said(2), "chief: the other worker to finish its last synchronous step, "
+                     "but it does not answer; ending the run without it\n")
+    self.assertEqual(self.said(3), "chief: 2 of 2 other workers to finish their last synchronous "
+                     "step, but none of them answers; ending the run without them\n")
 
 
 class CleanEndTest(sync_testlib.SyncTestCase):
