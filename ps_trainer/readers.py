@@ -318,14 +318,16 @@ def _check_labels(y, key, label):
   if len(y) == 0:
     raise DataError(f"{label}: {key} is empty; each split needs at least one "
                     f"example")
+  floating = np.issubdtype(y.dtype, np.floating)
+  # Whole-valued floats pass as labels.
+  whole = (np.isfinite(y) & (y == np.round(y))) if floating else None
   integral = np.issubdtype(y.dtype, np.integer) or (
-      np.issubdtype(y.dtype, np.floating) and np.isfinite(y).all() and
-      bool((y == np.round(y)).all()))
+      floating and bool(whole.all()))
   if not integral or y.min() < 0:
     if integral:
       bad = f"value {y.min()}"
-    elif np.issubdtype(y.dtype, np.floating):  # Whole-valued floats pass.
-      bad = f"value {y[~(np.isfinite(y) & (y == np.round(y)))][0]:g}"
+    elif floating:
+      bad = f"value {y[~whole][0]:g}"
     else:
       bad = f"{y.dtype} values"
     raise DataError(f"{label}: {key} holds {bad}; labels must be non-negative "
