@@ -264,7 +264,8 @@ run_experiment() {
   done
   bootstrap runtime
   ((isolate)) && isolate_network "$what" "$@"
-  [[ -z ${NETNS_NOTE:-} ]] || msg "$NETNS_NOTE"
+  # The command says it once its flags are checked (experiments/runs.py): a mistake stays one line.
+  [[ -z ${NETNS_NOTE:-} ]] || export PS_TRAINER_LAUNCHER_NOTE="launch.sh: $NETNS_NOTE"
   local args=()
   for arg in "$@"; do [[ $arg == --no_isolate ]] || args+=("$arg"); done
   exec "$PY" -m "ps_trainer.experiments.$what" "${args[@]}"

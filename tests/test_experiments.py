@@ -5,13 +5,16 @@ the full bench, README: Performance); these tests check that each command
 runs every setup it promises and writes what it promises.
 """
 
+import io
 import json
 import os
 import subprocess
+from unittest import mock
 
 from absl.testing import absltest
 
 from ps_trainer.experiments import bench
+from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
 import testutil
 
@@ -84,6 +87,33 @@ class BadInputTest(absltest.TestCase):
       self.assertStartsWith(lines[0], says)
     self.assertFalse(os.path.exists(out), "a refused compare started writing")
 
+  def test_a_mistake_is_the_only_line_when_the_runs_are_isolated_too(self):
+    # Isolated (the default), launch.sh leaves its note on the private network
+    # namespace for the command to print after its checks.
+    out = os.path.join(testutil.make_tempdir(self), "out")
+    for args, says in (
+        (["bench", "--no_such_flag=1"], "bench: error: --no_such_flag=1: not a trainer flag"),
+        (["compare", f"--out_dir={out}", "--batch_size=0"],
+         "compare: error: flag --batch_size=0: must be >= 1")):
+      code, _, err = _run(args, 60)
+      self.assertEqual(code, 2, (args, err))
+      # Where namespaces cannot be made, launch.sh's warning about that comes first.
+      lines = [line for line in err.strip().splitlines()
+               if not line.startswith("launch.sh: cannot isolate")]
+      self.assertLen(lines, 1, (args, err))
+      self.assertStartsWith(lines[0], says)
+
+
+class LauncherNoteTest(absltest.TestCase):
+
+  def test_it_is_said_once_and_not_passed_on_to_the_runs(self):
+    with mock.patch.dict(os.environ, {runs.LAUNCHER_NOTE_ENV: "launch.sh: a note"}), \
+        mock.patch("sys.stderr", new_callable=io.StringIO) as err:
+      runs.say_launcher_note()
+      runs.say_launcher_note()
+      self.assertNotIn(runs.LAUNCHER_NOTE_ENV, os.environ)
+    self.assertEqual(err.getvalue(), "launch.sh: a note\n")
+
 
 class TrainerArgsTest(absltest.TestCase):
 
@@ -121,6 +151,7 @@ class BenchTest(absltest.TestCase):
     code, out, err = _run(["bench", "--rounds=1", "--json",
                            f"--bench_dir={bench_dir}", "--train_steps=300"])
     self.assertEqual(code, 0, err[-3000:])
+    self.assertLessEqual(err.count("private network namespace (loopback only)"), 1, err[-3000:])
     figures = json.loads(out)
     by_label = {run["label"]: run for run in figures["runs"]}
     self.assertEqual(set(by_label), {

@@ -191,6 +191,7 @@ def main(argv):
   except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 2
+  runs.say_launcher_note()
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
   say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "

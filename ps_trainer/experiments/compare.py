@@ -71,6 +71,7 @@ def main(argv):
   except (trainer_args.ArgsError, output_dir.OutputDirError) as e:
     print(f"compare: error: {e}", file=sys.stderr)
     return 2
+  runs.say_launcher_note()
   flags_list = [f"--{k}={v}" for k, v in values.items()]
   command = shlex.join(
       ["./launch.sh", "compare", f"--out_dir={FLAGS.out_dir}",

@@ -22,6 +22,19 @@ LAUNCHER = os.path.join(REPO, "launch.sh")
 RUN_TIMEOUT_SECS = 900
 
 
+# launch.sh's line on where the runs' clusters live (a private network
+# namespace), left for the command to print once its flags are checked.
+LAUNCHER_NOTE_ENV = "PS_TRAINER_LAUNCHER_NOTE"
+
+
+def say_launcher_note() -> None:
+  """Prints launch.sh's note, if it left one, to stderr, once: the runs
+  this command starts (launch.sh local among them) do not inherit it."""
+  note = os.environ.pop(LAUNCHER_NOTE_ENV, None)
+  if note:
+    print(note, file=sys.stderr, flush=True)
+
+
 class RunFailed(RuntimeError):
   """A run exited badly or wrote no result. The message is one line."""
 
