@@ -117,8 +117,9 @@ on_signal() {  # name exit-status
   trap - INT TERM
   msg "got SIG$1: stopping $(running_tasks) (the chief writes a final checkpoint first)"
   stop_tasks "$STOP_GRACE_SECS" "$1"   # The same signal: Ctrl-C reads as SIGINT in their logs.
-  # Ctrl-C also ended the tail showing the chief's log: repeat its word on where to continue.
-  if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]]; then
+  # Unless the tail showing the chief's log ran to the chief's end (the signal may have come before
+  # the tail started, or ended it), repeat the chief's word on where to continue.
+  if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]] && ((TAIL_STATUS != 0)); then
     this_run_log "$CHIEF" | grep -a "the same command continues from it" | tail -n 1 || true
   fi
   exit "$2"
@@ -236,7 +237,8 @@ run_local() {
       "$PY" -m ps_trainer --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
   fi
   msg "local cluster: ps $ps_hosts; workers $worker_hosts (worker-0 is the chief, its log follows); logs in $log_dir/logs/"
-  this_run_log "$CHIEF" -f --pid="${TASK_PIDS[CHIEF]}" &
+  # this_run_log -f, as a simple command: $! is then tail itself, which end_tail waits for.
+  tail -c +"$((TASK_STARTS[CHIEF] + 1))" -f --pid="${TASK_PIDS[CHIEF]}" "${TASK_LOGS[CHIEF]}" &
   TAIL_PID=$!
 
   wait_for_chief
@@ -284,7 +286,6 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
 # its last lines. A non-chief task that fails means the run cannot finish as asked (a lost PS or,
 # in sync mode, a lost replica blocks the chief), so stop everything rather than hang.
 wait_for_chief() {
-  local deadline
   FAILED=0
   while :; do
     reap_tasks
@@ -297,9 +298,7 @@ wait_for_chief() {
     fi
     sleep 0.5
   done
-  deadline=$((SECONDS + 3))  # tail checks --pid once a second.
-  while is_live_child "$TAIL_PID" && ((SECONDS < deadline)); do sleep 0.2; done
-  if is_live_child "$TAIL_PID"; then kill -TERM "$TAIL_PID" 2>/dev/null || true; fi
+  end_tail
 }
 
 # PS tasks exit once every worker has reported done; the other workers once training ends. Gives

@@ -26,6 +26,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # 30 s, before launch.sh's SIGKILL at 35.
 _LAST_RESORT_SECS = 10.0
 
+# Ctrl-C in a terminal reaches a local cluster's tasks twice: from the terminal
+# (its process group) and from launch.sh, which passes its signals on. The same
+# signal again this soon after the first is that one, and goes unsaid.
+SAME_SIGNAL_SECS = 2.0
+
 # How many times a task may start itself again (StopRequest.restart), counted
 # across the restarts in this environment variable.
 MAX_RESTARTS = 3
@@ -92,13 +97,17 @@ class StopRequest:
     A repeated signal does not cut the stop short: Ctrl-C reaches every task
     of a terminal's process group and launchers follow up with SIGTERM; a PS
     that left early would cost the chief its final checkpoint. The grace
-    period bounds the stop anyway. After `ended`, a signal gives what the
+    period bounds the stop anyway. It is said, unless it is the first signal
+    again within SAME_SIGNAL_SECS. After `ended`, a signal gives what the
     task still does its own grace period.
     """
     name = signal.Signals(signum).name
     with self._lock:
       if self._deadline_at is not None:
         left = max(0, self._deadline_at - time.monotonic())
+        if (signum == self.signum and
+            self.grace_secs - left < SAME_SIGNAL_SECS):
+          return  # The first one, passed on by a launcher.
         errors.say(f"{self.who}: got {name}: already stopping (at most "
                    f"{left:.0f} s more)")
         return

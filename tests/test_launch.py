@@ -269,6 +269,12 @@ class LaunchLocalTest(absltest.TestCase):
         lambda proc: proc.signal_group(signal.SIGINT))
     self.assertEqual(status, 130)
     self._assert_final_checkpoint(log_dir, "SIGINT")
+    # The chief's lines to its end, where to continue from said once, and the Ctrl-C that reached
+    # the tasks twice (from the terminal, then the launcher) taken as one.
+    launcher_out = _read(os.path.join(log_dir, "launch.out"))
+    self.assertEqual(launcher_out.count("the same command continues from it"), 1, launcher_out)
+    self.assertIn("chief: got SIGINT: stopping after the current step", launcher_out)
+    self.assertNotIn("already stopping", launcher_out)
     self.assertNotIn(os.readlink("/proc/self/ns/net"), namespaces)
     self.assertLen(namespaces, 1)  # One private namespace shared by the tasks.
 
@@ -279,10 +285,13 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertEqual(status, 143)
     self._assert_final_checkpoint(log_dir, "SIGTERM")
     self.assertEqual(namespaces, {os.readlink("/proc/self/ns/net")})
-    # Its stop ended the tail showing the chief's log; where to continue from is said last.
+    # The tail showing the chief's log ran to the chief's end: where to continue from is said
+    # last, and once.
     launcher_lines = _read(os.path.join(log_dir, "launch.out")).splitlines()
     self.assertRegex(launcher_lines[-1], r"^chief: stopped on SIGTERM; final checkpoint \S+; the "
                      "same command continues from it$")
+    self.assertEqual(sum("continues from it" in line for line in launcher_lines), 1,
+                     launcher_lines[-5:])
 
     # The same log dir again: each task's log keeps the stopped run's lines above the new ones,
     # and the launcher shows only the new run's.

@@ -62,6 +62,16 @@ class StopRequestTest(absltest.TestCase):
     self.assertEqual(stop.signal_name, "SIGINT")
     self.assertEqual(stop.exit_status(), 130)
 
+  def test_the_same_signal_again_at_once_goes_unsaid(self):
+    # One Ctrl-C: from the terminal, then passed on by launch.sh.
+    stop = stops.StopRequest("chief")
+    self.request(stop, signal.SIGINT)
+    self.assertEqual(self.request(stop, signal.SIGINT), "")
+    with mock.patch.object(stops, "SAME_SIGNAL_SECS", 0.0):  # Pressed again, later.
+      said = self.request(stop, signal.SIGINT)
+    self.assertRegex(said, r"^chief: got SIGINT: already stopping \(at most 20 s more\)\n$")
+    self.assertEqual(stop.exit_status(), 130)
+
   def test_a_stop_that_takes_too_long_is_forced_after_the_grace_period(self):
     stop = _RecordingStop("worker 1", grace_secs=0.2)
     with contextlib.redirect_stdout(io.StringIO()):

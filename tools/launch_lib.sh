@@ -128,6 +128,7 @@ bootstrap() {
 # the earlier runs' output above it).
 TASK_NAMES=() TASK_PIDS=() TASK_LOGS=() TASK_STARTS=() TASK_DONE=() TASK_STATUS=()
 TAIL_PID=""
+TAIL_STATUS=1  # end_tail sets it: 0 once the tail has run to the chief's end.
 
 # PDEATHSIG: if the launcher itself is SIGKILLed (no trap can run), the kernel still TERMs its tasks.
 PDEATH=()
@@ -193,7 +194,6 @@ running_tasks() {
 # naming each.
 stop_tasks() {  # grace-secs [signal, default TERM]
   local grace=$1 sig=${2:-TERM} i deadline
-  if [[ -n $TAIL_PID ]] && is_live_child "$TAIL_PID"; then kill -TERM "$TAIL_PID" 2>/dev/null || true; fi
   reap_tasks
   for i in "${!TASK_PIDS[@]}"; do
     [[ -z ${TASK_DONE[i]} ]] && kill -"$sig" "${TASK_PIDS[i]}" 2>/dev/null || true
@@ -210,4 +210,19 @@ stop_tasks() {  # grace-secs [signal, default TERM]
     fi
   done
   reap_tasks
+  end_tail
+}
+
+# The tail showing the chief's log ends by itself within a second of the chief (it checks --pid once
+# a second), after printing the chief's last lines; it gets 3 s, then SIGTERM. Sets TAIL_STATUS: 0 if
+# it ran to the end, else its status (143 when stopped here; 1 if it never started).
+end_tail() {
+  local deadline=$((SECONDS + 3))
+  TAIL_STATUS=1
+  [[ -n $TAIL_PID ]] || return 0
+  while is_live_child "$TAIL_PID" && ((SECONDS < deadline)); do sleep 0.2; done
+  if is_live_child "$TAIL_PID"; then kill -TERM "$TAIL_PID" 2>/dev/null || true; fi
+  TAIL_STATUS=0
+  wait "$TAIL_PID" 2>/dev/null || TAIL_STATUS=$?
+  TAIL_PID=""
 }
