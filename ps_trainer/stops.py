@@ -58,6 +58,10 @@ class StopRequest:
     self._deadline_at = None  # While a requested stop is being carried out.
     self._disarm = None  # Set: that stop's deadline forces nothing.
     self._then = None  # What the task does once its stop was carried out.
+    # Set from restart()'s last look at `requested` to its execv: a signal
+    # then is left pending for the program execv starts.
+    self._handing_over = False
+    self._watcher = None  # The thread that receives the signals (install).
     self._last_resorts: List[tuple] = []  # (action, what, before_restart)
     # Reentrant: a restart asked to stop meanwhile exits through force_exit.
     self._exiting = threading.RLock()
@@ -82,8 +86,12 @@ class StopRequest:
     doing inside TensorFlow.
     """
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    threading.Thread(target=self._watch, name="ps_trainer_signals",
-                     daemon=True).start()
+    self._watch_signals()
+
+  def _watch_signals(self) -> None:
+    self._watcher = threading.Thread(target=self._watch,
+                                     name="ps_trainer_signals", daemon=True)
+    self._watcher.start()
 
   def add_last_resort(self, action: Callable[[], None], what: str,
                       before_restart: bool = True) -> None:
@@ -103,6 +111,11 @@ class StopRequest:
     """
     name = signal.Signals(signum).name
     with self._lock:
+      if self._handing_over:
+        # Sent again, it stays pending (every thread blocks it) through
+        # execv, and the new program's watcher receives it.
+        os.kill(os.getpid(), signum)
+        return
       if self._deadline_at is not None:
         left = max(0, self._deadline_at - time.monotonic())
         if (signum == self.signum and
@@ -128,7 +141,7 @@ class StopRequest:
                        name="ps_trainer_stop_deadline", daemon=True).start()
 
   def _watch(self) -> None:
-    while True:
+    while not self._handing_over:  # Then a signal is left for execv's program.
       self.request(signal.sigwait(STOP_SIGNALS))
 
   def ended(self, then: str = "ending") -> None:
@@ -183,13 +196,28 @@ class StopRequest:
       errors.say(f"{self.who}: {reason}; starting this task again with the "
                  f"same command (restart {count} of at most {MAX_RESTARTS})")
       self._run_last_resorts(lambda before_restart: before_restart)
-      if self.requested:  # Asked during those: the rest, not them again.
+      with self._lock:  # A signal from now on is the new program's.
+        self._handing_over = not self.requested
+      if not self._handing_over:  # Asked during those: the rest, not them again.
         self.force_exit(f"{self.signal_name} asked this task to stop while "
                         "it was starting again", self.exit_status(),
                         resorts=lambda before_restart: not before_restart)
         return
       os.environ[RESTARTS_ENV] = str(count)
-      execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+      try:
+        execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
+      finally:  # Only a failed execv, or a test's stand-in, comes back.
+        self._take_signals_back()
+
+  def _take_signals_back(self) -> None:
+    """This program goes on after all: signals are its own again, and one
+    left pending for the new program is received now."""
+    with self._lock:
+      self._handing_over = False
+    if self._watcher is not None:
+      self._watcher.join(0.1)  # One that left a signal pending has left.
+      if not self._watcher.is_alive():
+        self._watch_signals()
 
   def _run_last_resorts(self, chosen: Callable[[bool], bool] = lambda _: True
                         ) -> None:

@@ -6,7 +6,10 @@ import io
 import os
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
+import textwrap
 import threading
 import time
 from unittest import mock
@@ -274,6 +277,59 @@ class RestartTest(absltest.TestCase):
                     "status 143" if when == "before" else "SIGTERM asked this task to stop while "
                     "it was starting again; exiting now with status 143", output.getvalue())
       self.assertNotIn(stops.RESTARTS_ENV, os.environ)
+
+  def test_a_signal_in_the_instant_before_execv_is_left_for_the_new_program(self):
+    stop = stops.StopRequest("chief")
+    self.addCleanup(stop.ended)
+    received = []
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), mock.patch.object(stops.os, "kill") as kill:
+      # The watcher receives it after restart's last look at `requested`.
+      stop.restart("stuck", execv=lambda *args: received.append(stop.request(signal.SIGTERM)))
+    kill.assert_called_once_with(os.getpid(), signal.SIGTERM)  # Pending again, for execv's.
+    self.assertLen(received, 1)
+    self.assertFalse(stop.requested)
+    self.assertNotIn("got SIGTERM", output.getvalue())
+    # A stand-in execv came back: this program takes its signals again.
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGTERM)
+    self.assertTrue(stop.requested)
+    kill.assert_called_once()
+
+  def test_the_new_program_receives_that_signal(self):
+    # Real signals and a real execv, in a process of its own: the first program's watcher
+    # receives SIGTERM between the hand-over and execv; the program execv starts gets it.
+    program = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "program.py")
+    with open(program, "w") as f:
+      f.write(textwrap.dedent("""
+        import os, signal, sys, time
+        from ps_trainer import stops
+        stop = stops.StopRequest("task")
+        stop.install()
+        if os.environ.get(stops.RESTARTS_ENV):  # The new program.
+          deadline = time.monotonic() + 10
+          while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.01)
+          print("new program:", stop.signal_name if stop.requested else "no stop", flush=True)
+          sys.exit(0)
+        def execv(path, args):
+          os.kill(os.getpid(), signal.SIGTERM)
+          time.sleep(0.5)  # The watcher takes it meanwhile.
+          os.execv(path, args)
+        stop.restart("stuck", execv=execv)
+        print("execv came back", flush=True)
+        """))
+    env = dict(os.environ)
+    env.pop(stops.RESTARTS_ENV, None)
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(stops.__file__)))
+    proc = subprocess.run([sys.executable, program], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60, env=env, check=False)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertEqual(proc.stdout.splitlines(), [
+        "task: stuck; starting this task again with the same command (restart 1 of at most "
+        f"{stops.MAX_RESTARTS})",
+        "task: got SIGTERM: stopping after the current step (at most 20 s)",
+        "new program: SIGTERM"], proc.stderr)
 
   def test_last_resorts_share_one_budget_and_name_the_one_cut_short(self):
     stop = stops.StopRequest("chief")
