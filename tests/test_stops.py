@@ -358,6 +358,14 @@ class _RestartingStop(_RecordingStop):
     self.restarts.append(reason)
 
 
+def _whole_step(hook) -> None:
+  """One step that returns, as MonitoredSession runs the watch: first before it and after it,
+  then its tail after the other hooks."""
+  hook.before_run(None)
+  hook.after_run(None, None)
+  hook.tail().after_run(None, None)
+
+
 def _stuck_step(stop: _RestartingStop, what, restart_if, timeout_secs: float = 15) -> None:
   """Runs a step that never returns until a StallWatchHook (0.3 s bound) gives up on it."""
   hook = stall_watch.StallWatchHook(stop, what, timeout_secs=0.3, note_every_secs=60,
@@ -486,9 +494,7 @@ class SessionStartBoundTest(absltest.TestCase):
     hook = self.watch(stop)
     hook.session_starting()
     time.sleep(2.0)  # Past one --wait_timeout_secs, within four.
-    hook.before_run(None)
-    hook.after_run(None, None)
-    hook.tail().after_run(None, None)
+    _whole_step(hook)
     time.sleep(3.0)  # Past four, counted from the start: the step ended it.
     hook.finished()
     self.assertEqual(stop.forced, [])
@@ -503,9 +509,7 @@ class SessionStartBoundTest(absltest.TestCase):
       hook.before_run(None)  # This step fails inside TF: no after_run.
       hook.session_starting()  # MonitoredSession makes the session again.
       time.sleep(2.5)  # Two step bounds, within the start's four.
-      hook.before_run(None)
-      hook.after_run(None, None)
-      hook.tail().after_run(None, None)
+      _whole_step(hook)
       hook.finished()
     self.assertEqual((stop.forced, stop.restarts), ([], []))
 
@@ -527,9 +531,7 @@ class SessionStartBoundTest(absltest.TestCase):
         stop = _RecordingStop("chief")
         hook = self.watch(stop)
         hook.after_create_session(None, None)
-        hook.before_run(None)
-        hook.after_run(None, None)
-        hook.tail().after_run(None, None)
+        _whole_step(hook)
         if end_of_run == "a clean close":
           hook.end(None)  # TF's close; then its saver's end() never returns.
         else:
