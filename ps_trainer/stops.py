@@ -197,8 +197,9 @@ class StopRequest:
                  f"same command (restart {count} of at most {MAX_RESTARTS})")
       self._run_last_resorts(lambda before_restart: before_restart)
       with self._lock:  # A signal from now on is the new program's.
-        self._handing_over = not self.requested
-      if not self._handing_over:  # Asked during those: the rest, not them again.
+        stopping = self.requested
+        self._handing_over = not stopping
+      if stopping:  # Asked during those: the rest, not them again.
         self.force_exit(f"{self.signal_name} asked this task to stop while "
                         "it was starting again", self.exit_status(),
                         resorts=lambda before_restart: not before_restart)
