@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -299,7 +298,8 @@ class RestartTest(absltest.TestCase):
   def test_the_new_program_receives_that_signal(self):
     # Real signals and a real execv, in a process of its own: the first program's watcher
     # receives SIGTERM between the hand-over and execv; the program execv starts gets it.
-    program = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "program.py")
+    import testutil  # pylint: disable=g-import-not-at-top
+    program = os.path.join(testutil.make_tempdir(self), "program.py")
     with open(program, "w") as f:
       f.write(textwrap.dedent("""
         import os, signal, sys, time
@@ -319,9 +319,8 @@ class RestartTest(absltest.TestCase):
         stop.restart("stuck", execv=execv)
         print("execv came back", flush=True)
         """))
-    env = dict(os.environ)
+    env = testutil.trainer_env()
     env.pop(stops.RESTARTS_ENV, None)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(stops.__file__)))
     proc = subprocess.run([sys.executable, program], stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=60, env=env, check=False)
     self.assertEqual(proc.returncode, 0, proc.stderr)
