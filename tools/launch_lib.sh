@@ -215,10 +215,10 @@ stop_tasks() {  # grace-secs [signal, default TERM]
 
 # The tail showing the chief's log ends by itself within a second of the chief (it checks --pid once
 # a second), after printing the chief's last lines; it gets 3 s, then SIGTERM. Sets TAIL_STATUS: 0 if
-# it ran to the end, else its status (143 when stopped here; 1 if it never started).
+# it ran to the end, else its status (143 when stopped here); with no tail running, the last one's
+# stays (1 if none started).
 end_tail() {
   local deadline=$((SECONDS + 3))
-  TAIL_STATUS=1
   [[ -n $TAIL_PID ]] || return 0
   while is_live_child "$TAIL_PID" && ((SECONDS < deadline)); do sleep 0.2; done
   if is_live_child "$TAIL_PID"; then kill -TERM "$TAIL_PID" 2>/dev/null || true; fi
