@@ -4,9 +4,8 @@ waits for, and what it still owes them when it leaves.
 
 import os
 
-import tensorflow as tf
-
 from ps_trainer import errors
+from ps_trainer import repeats
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import waits
@@ -63,8 +62,8 @@ class Peers:
     short run."""
     tg = self._tg
     what = "the chief to initialize or restore the model"
-    with tf.compat.v1.Session(self._target, graph=tg.graph,
-                              config=self._session_config) as session:
+    with repeats.session(self._target, graph=tg.graph,
+                         config=self._session_config) as session:
       waits.wait_until(lambda: session.run(tg.signature_published), what,
                        self._timeout, stop=self._stop)
       problem = run_signature.mismatch(
@@ -146,8 +145,8 @@ class Peers:
 
   def _save_checkpoint(self) -> None:
     tg = self._tg
-    with tf.compat.v1.Session(self._target, graph=tg.graph,
-                              config=self._session_config) as session:
+    with repeats.session(self._target, graph=tg.graph,
+                         config=self._session_config) as session:
       path = tg.saver.save(
           session, os.path.join(self._cfg.train.log_dir, "model.ckpt"),
           global_step=tg.global_step, write_meta_graph=False)

@@ -17,6 +17,7 @@ import tensorflow as tf
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import errors
 from ps_trainer import host_cores
+from ps_trainer import repeats
 from ps_trainer import waits
 
 class ServerError(RuntimeError):
@@ -204,7 +205,7 @@ def _on_own_flags(target: str, info: cluster_lib.ClusterInfo,
   config.device_filters.extend(
       [f"/job:ps/task:{i}" for i in ps_indices] + [info.task_device])
   options = tf.compat.v1.RunOptions(timeout_in_ms=int(timeout_secs * 1000))
-  with tf.compat.v1.Session(target, graph=graph, config=config) as session:
+  with repeats.session(target, graph=graph, config=config) as session:
     return session.run(fetch, options=options)
 
 
@@ -235,8 +236,8 @@ class _DoneFlags:
       flags = done_flags(info.task_index, info.num_workers)
       self._zero = flags.initializer
       self._read = flags.read_value()
-    self._session = tf.compat.v1.Session(target, graph=self._graph,
-                                         config=session_config(info))
+    self._session = repeats.session(target, graph=self._graph,
+                                    config=session_config(info))
 
   def __enter__(self):
     self._session.run(self._zero)

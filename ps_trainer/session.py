@@ -14,6 +14,10 @@ of the job carries on (a CI run: 2 PS, sync, ps 1 killed). Such a cancel is
 reported as the lost peer it is, so the session is recreated as for any
 other - a bounded number of times, so a step that is cancelled for another
 reason still ends the run.
+
+And an AbortedError that is not a lost peer at all: a run TF turned away
+because its request ids repeat by chance (repeats.py). That run is run again
+in the same session, with a line saying so, rather than a new session made.
 """
 
 import collections
@@ -26,6 +30,7 @@ import tensorflow as tf
 from tensorflow.python.client import session as tf_session
 
 from ps_trainer import errors
+from ps_trainer import repeats
 
 train = tf.compat.v1.train
 
@@ -105,19 +110,22 @@ class _Callables:
 
 
 class _ReplicaSession(tf_session.SessionInterface):
-  """The session a replica's hooks see: compiled runs (_Callables), and
-  cancelled steps reported as a lost peer (UnavailableError)."""
+  """The session a replica's hooks see: compiled runs (_Callables), runs
+  that TF turns away as repeats run again (repeats.py), and cancelled steps
+  reported as a lost peer (UnavailableError)."""
 
   def __init__(self, session, budget: CancelBudget,
                stopping: Callable[[], bool],
                on_lost: Callable[[Exception], None] = lambda e: None,
-               on_run_done: Callable[[], None] = lambda: None):
+               on_run_done: Callable[[], None] = lambda: None,
+               on_repeat: Callable[[Exception], None] = lambda e: None):
     self._session = session
     self._callables = _Callables(session)
     self._budget = budget
     self._stopping = stopping
     self._on_lost = on_lost
     self._on_run_done = on_run_done
+    self._on_repeat = on_repeat
 
   @property
   def graph(self):
@@ -129,7 +137,10 @@ class _ReplicaSession(tf_session.SessionInterface):
 
   def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
     try:
-      values = self._callables.run(fetches, feed_dict, options, run_metadata)
+      values = repeats.run_past_repeats(
+          lambda: self._callables.run(fetches, feed_dict, options,
+                                      run_metadata),
+          on_repeat=self._on_repeat)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
       self._on_lost(e)  # MonitoredSession recovers; the new one says why.
       raise
@@ -198,10 +209,16 @@ class _AnnouncedCreator(train.SessionCreator):
     self._created += 1
     return _ReplicaSession(session, self._cancels, self._stopping,
                            on_lost=self._note_lost,
-                           on_run_done=self._on_run_done)
+                           on_run_done=self._on_run_done,
+                           on_repeat=self._say_repeat)
 
   def _note_lost(self, error: Exception) -> None:
     self._lost_to = error
+
+  def _say_repeat(self, unused_error: Exception) -> None:
+    errors.say(f"{self._who}: TensorFlow turned a run away as a repeat of an "
+               "earlier one (its request ids repeat by chance: README, "
+               "Faults); running it again")
 
 
 def monitored_session(*, who: str, is_chief: bool, target: str, config,

@@ -18,6 +18,7 @@ from ps_trainer import errors
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import host_cores
 from ps_trainer import peers
+from ps_trainer import repeats
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
@@ -253,7 +254,7 @@ def _scaffold(tg: train_graph.TrainGraph) -> tf.compat.v1.train.Scaffold:
 def _sync_hook(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                stop: stops.StopRequest, others: peers.Peers):
   def new_session():
-    return tf.compat.v1.Session(target, graph=tg.graph, config=session_config)
+    return repeats.session(target, graph=tg.graph, config=session_config)
   workers_done = None
   if tg.done_signals is not None and cfg.num_workers > 1:
     others_done = tg.done_signals.others_done
