@@ -8,12 +8,14 @@ on a thread of its own (Env::SchedClosure starts one per call), and each
 such thread seeds the generator of its request ids with 32 random bits, so
 two steps whose threads drew the same seed send the same ids. A task turns a
 run away with a chance of N / 2^32, N the ids in its memory: 1 in 43,000 once
-it has received 100,000 runs. A step of 1 PS + 1 worker is a run on each, so
-at 600 steps/s one is turned away about every 40 s.
+it has received 100,000 runs. (A step's parts on all its tasks take their ids
+from the one thread, so they repeat together.) At 600 steps/s, once 100,000
+steps have run, one step in about 70 s is turned away.
 
 Measured (2026-11-26): a one-task cluster turned away 6 of 400,000 trivial
 runs, where the bound predicts about 8; the reference work on 1 PS + 1 worker
-lost its session to it at global steps ~46,000 and ~63,000 of one run.
+lost its session to it twice in 250,000 steps (at global steps ~46,000 and
+~63,000), where the bound predicts about 4.7.
 MonitoredSession took each for a lost PS and made its session again, and a
 PS whose poll of its done flags was turned away would have exited.
 
