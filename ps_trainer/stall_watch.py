@@ -39,12 +39,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   `timeout_secs` ends the task through `stop.force_exit` (so the chief's last
   resort still writes a checkpoint).
 
-  A step can also hang inside TF while every peer answers: after a PS
-  restart, TF has been seen to send one RunGraph twice, and the step then
-  waits forever for the other half of it. No Python code can end that step,
-  but the task can start again. So when `restart_if()` says every peer
-  answers, the task restarts itself (`stop.restart`, a few times at most)
-  rather than exit.
+  A step can also hang inside TF while every peer answers: when TF turns
+  the step's part on this task away as a repeat (repeats.py) and its cancel
+  of the other parts is lost, they wait forever for tensors of the part
+  that never ran (about 1 repeat in 40 on this machine). No Python code can end
+  that step, but the task can start again. So when `restart_if()` says
+  every peer answers, the task restarts itself (`stop.restart`) rather than
+  exit: a few times in a row at most, where a restart after which the task
+  trained for `timeout_secs` is forgotten (a long run meets many repeats).
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -89,6 +91,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._outside_steps_timeout = START_TIMEOUTS * timeout_secs
     self._start_peers = start_peers
     self._step_started = None
+    # When this session's first step ended, until the restarts are forgotten.
+    self._training_since = None
+    self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
     self._done = threading.Event()
@@ -97,6 +102,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def session_starting(self) -> None:
     """Before each session is created: a failed step's clock stops here."""
     self._step_started = None
+    self._training_since = None
     if not self._outside_is(_STARTING):  # Not a failed attempt made again.
       self._outside = (_STARTING, time.monotonic())
     self._watch_in_background()
@@ -113,8 +119,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = time.monotonic()
 
   def after_run(self, run_context, run_values):
+    now = time.monotonic()
     self._step_started = None
-    self._outside = (_AFTER_STEP, time.monotonic())
+    self._outside = (_AFTER_STEP, now)
+    if self._training_since is None:
+      self._training_since = now
+    elif (not self._restarts_forgotten
+          and now - self._training_since >= self._timeout):
+      self._stop.forget_restarts()
+      self._restarts_forgotten = True
 
   def after_step_done(self) -> None:
     self._outside = None

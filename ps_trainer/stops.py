@@ -31,8 +31,10 @@ _LAST_RESORT_SECS = 10.0
 # signal again this soon after the first is that one, and goes unsaid.
 SAME_SIGNAL_SECS = 2.0
 
-# How many times a task may start itself again (StopRequest.restart), counted
-# across the restarts in this environment variable.
+# How many times in a row a task may start itself again (StopRequest.restart),
+# counted across the restarts in this environment variable. In a row: once a
+# restarted task has trained for a while, its restarts are forgotten
+# (forget_restarts), so a long run can get past a rare hang many times.
 MAX_RESTARTS = 3
 RESTARTS_ENV = "PS_TRAINER_RESTARTS"
 
@@ -177,6 +179,11 @@ class StopRequest:
     except ValueError:  # Not ours to read: no restart counted.
       done = 0
     return max(0, MAX_RESTARTS - done)
+
+  def forget_restarts(self) -> None:
+    """The restarts so far led back to training: none counts against the
+    next one."""
+    os.environ.pop(RESTARTS_ENV, None)
 
   def restart(self, reason: str, execv=os.execv) -> None:
     """Runs the last resorts that keep progress, then starts this program

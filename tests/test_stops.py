@@ -246,6 +246,27 @@ class RestartTest(absltest.TestCase):
         stop.restart("stuck", execv=lambda *args: None)
     self.assertEqual(stop.restarts_left(), 0)
 
+  def test_restarts_are_forgotten_once_the_task_trained_for_the_step_bound(self):
+    # A long run meets TF's repeat hangs again and again (repeats.py): each restart that led
+    # back to training must not count toward the few allowed in a row.
+    os.environ[stops.RESTARTS_ENV] = str(stops.MAX_RESTARTS - 1)
+    stop = stops.StopRequest("worker 1")
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS", timeout_secs=0.3,
+                                      note_every_secs=60, poll_secs=0.05)
+    hook.session_starting()
+    _whole_step(hook)
+    time.sleep(0.2)
+    hook.session_starting()  # A lost session: training starts over.
+    _whole_step(hook)
+    time.sleep(0.2)
+    _whole_step(hook)
+    self.assertEqual(stop.restarts_left(), 1)  # 0.4 s since the first step, 0.2 in this session.
+    time.sleep(0.15)
+    _whole_step(hook)
+    hook.finished()
+    self.assertNotIn(stops.RESTARTS_ENV, os.environ)
+    self.assertEqual(stop.restarts_left(), stops.MAX_RESTARTS)
+
   def test_a_stop_asked_before_or_during_a_restart_ends_the_task_instead(self):
     # A signal in the seconds the stall watch spends deciding, or during the restart's last
     # checkpoint, must not be wiped out by the exec; each last resort runs once.
