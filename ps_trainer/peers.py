@@ -84,6 +84,10 @@ class Peers:
       return f"{waited_for}; not answering: {', '.join(gone)}"
     return f"{waited_for} (every known task answers: a slow or restarting peer?)"
 
+  def silent_when_named(self) -> bool:
+    """Whether stall_reason() found a peer not answering, when last called."""
+    return bool(self._gone_when_named)
+
   def answer_for_a_restart(self, within_secs: float = RESTART_GRACE_SECS
                            ) -> bool:
     """Whether every peer a step needs answers, now or within `within_secs`.

@@ -25,6 +25,14 @@ from ps_trainer import stops
 # writes from stopped serving; and so is each call at the end of the run.
 START_TIMEOUTS = 4
 
+# A step stuck while every peer answers is TF's repeat hang (the class
+# docstring) once it has taken this many times the longest of the session's
+# steps, and at least this long: the task then starts again at once, not after
+# --wait_timeout_secs. Not in a session's first steps, which can be slow.
+HANG_STEP_FACTOR = 100
+HANG_FLOOR_SECS = 120.0
+STEPS_BEFORE_HANG_BOUND = 10
+
 # What a task does outside its steps, each bounded as above.
 _STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
 
@@ -47,6 +55,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   every peer answers, the task restarts itself (`stop.restart`) rather than
   exit: a few times in a row at most, where a restart after which the task
   trained for `timeout_secs` is forgotten (a long run meets many repeats).
+  It does not wait out `timeout_secs` for that: a step that takes
+  HANG_STEP_FACTOR times the session's longest step so far, and at least
+  HANG_FLOOR_SECS (past the minute TF can take to fail a step whose PS was
+  started again), while every peer answers and none was found silent when
+  the step's stall was named (`silent_when_named()`: a sync step waiting
+  for a worker that died and is starting again is not hung), is taken for
+  such a hang.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -73,6 +88,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     timeout_secs: the bound on one step.
     restart_if: () -> whether the task may start again rather than exit;
       None: never.
+    silent_when_named: () -> whether `what()`, when last called, found a
+      peer not answering.
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
   """
@@ -81,10 +98,12 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                timeout_secs: float, note_every_secs: float = 10.0,
                poll_secs: float = 1.0,
                restart_if: Optional[Callable[[], bool]] = None,
-               start_peers: Optional[Callable[[], str]] = None):
+               start_peers: Optional[Callable[[], str]] = None,
+               silent_when_named: Callable[[], bool] = lambda: False):
     self._stop = stop
     self._what = what
     self._restart_if = restart_if
+    self._silent_when_named = silent_when_named
     self._timeout = timeout_secs
     self._note_every = note_every_secs
     self._poll = poll_secs
@@ -93,6 +112,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = None
     # When this session's first step ended, until the restarts are forgotten.
     self._training_since = None
+    self._steps = 0  # This session's, and the longest of them in seconds.
+    self._longest_step = 0.0
     self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
@@ -103,6 +124,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     """Before each session is created: a failed step's clock stops here."""
     self._step_started = None
     self._training_since = None
+    self._steps, self._longest_step = 0, 0.0
     if not self._outside_is(_STARTING):  # Not a failed attempt made again.
       self._outside = (_STARTING, time.monotonic())
     self._watch_in_background()
@@ -120,6 +142,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     now = time.monotonic()
+    if self._step_started is not None:
+      self._steps += 1
+      self._longest_step = max(self._longest_step, now - self._step_started)
     self._step_started = None
     self._outside = (_AFTER_STEP, now)
     if self._training_since is None:
@@ -165,6 +190,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def _watch(self):
     next_note = self._note_every
+    looked = (None, 0.0)  # (the step, when to look again) for a hang.
+    silent_in = None  # The step during which a peer was found silent.
     while not self._done.wait(self._poll):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
@@ -176,9 +203,22 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if waited >= self._timeout:
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
+      hang_bound = self._hang_bound()
+      if (waited >= hang_bound and silent_in != started
+          and (looked[0] != started or waited >= looked[1])):
+        # Peers are probed: not at every poll.
+        looked = (started, waited + self._note_every)
+        if self._may_restart():
+          self._restart_or_exit(
+              waited, f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the "
+              f"longest of this session's steps, at least "
+              f"{HANG_FLOOR_SECS:.0f} s")
+          return  # Not reached: the program has started again.
       if waited >= next_note:
         errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
+        if self._silent_when_named():
+          silent_in = started
         next_note += self._note_every
 
   def _gave_up_outside_steps(self) -> bool:
@@ -212,19 +252,34 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
     return True
 
+  def _hang_bound(self) -> float:
+    """How long a step may wait, while every peer answers, before it is
+    taken for TF's repeat hang (HANG_STEP_FACTOR)."""
+    if self._steps < STEPS_BEFORE_HANG_BOUND:
+      return self._timeout
+    return min(self._timeout,
+               max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * self._longest_step))
+
+  def _may_restart(self) -> bool:
+    # Before what(): naming the stall also notes who is silent now, which
+    # must not count as silent already when it was last named.
+    return (self._restart_if is not None and not self._stop.requested
+            and self._stop.restarts_left() > 0 and self._restart_if())
+
   def _give_up(self, waited: float) -> None:
-    failed = ""
-    # restart_if() first: naming the stall (what()) also notes who is silent
-    # now, which must not count as silent already when it was last named.
-    if (self._restart_if is not None and not self._stop.requested
-        and self._stop.restarts_left() and self._restart_if()):
-      try:
-        self._stop.restart(
-            f"a step waited {waited:.0f} s (--wait_timeout_secs="
-            f"{self._timeout:.0f}) while every peer answers")
-        return  # Not reached: the program has started again.
-      except OSError as e:  # The program could not be started again.
-        failed = f"; starting again failed: {e}"
+    if self._may_restart():
+      self._restart_or_exit(waited, f"--wait_timeout_secs={self._timeout:.0f}")
+      return  # Not reached: the program has started again.
+    self._exit(waited)
+
+  def _restart_or_exit(self, waited: float, bound: str) -> None:
+    try:
+      self._stop.restart(f"a step waited {waited:.0f} s ({bound}) while every "
+                         "peer answers")
+    except OSError as e:  # The program could not be started again.
+      self._exit(waited, f"; starting again failed: {e}")
+
+  def _exit(self, waited: float, failed: str = "") -> None:
     self._stop.force_exit(
         f"gave up after a step waited {waited:.0f} s for {self._what()}"
         f"{failed} (--wait_timeout_secs={self._timeout:.0f}); the newest "

@@ -207,7 +207,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
     stall_watch = stall_watch_lib.StallWatchHook(
         stop, others.stall_reason, cfg.train.wait_timeout_secs,
         restart_if=others.answer_for_a_restart,
-        start_peers=others.session_peers)
+        start_peers=others.session_peers,
+        silent_when_named=others.silent_when_named)
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),

@@ -645,6 +645,46 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertRegex(reason, r"^gave up after a step waited \d s for the gradients of worker 1 "
                      r"\(not answering\) \(--wait_timeout_secs=1\); the newest checkpoint is kept")
 
+  def hung_step(self, steps_before: int, silent: bool = False, peers_answer: bool = True,
+               longest_step_secs: float = 0.0) -> _RestartingStop:
+    """`steps_before` steps that return (the last taking `longest_step_secs`), then one that
+    never does, watched with a 30 s bound and a hang bound of 0.3 s (2 steps first) for 1.5 s."""
+    self.enterContext(mock.patch.dict(os.environ))
+    os.environ.pop(stops.RESTARTS_ENV, None)
+    self.enterContext(mock.patch.object(stall_watch, "HANG_FLOOR_SECS", 0.3))
+    self.enterContext(mock.patch.object(stall_watch, "STEPS_BEFORE_HANG_BOUND", 2))
+    stop = _RestartingStop("worker 1")
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=30,
+                                      note_every_secs=0.1, poll_secs=0.05,
+                                      restart_if=lambda: peers_answer,
+                                      silent_when_named=lambda: silent)
+    with contextlib.redirect_stdout(io.StringIO()):
+      hook.after_create_session(None, None)
+      for step in range(steps_before):
+        hook.before_run(None)
+        if step == steps_before - 1:
+          time.sleep(longest_step_secs)
+        hook.after_run(None, None)
+      hook.before_run(None)  # TF's repeat hang: it never returns.
+      deadline = time.monotonic() + 1.5
+      while not (stop.restarts or stop.forced) and time.monotonic() < deadline:
+        time.sleep(0.05)
+      hook.finished()
+    self.assertEqual(stop.forced, [])
+    return stop
+
+  def test_a_step_hung_while_every_peer_answers_restarts_the_task_before_the_bound(self):
+    (reason,) = self.hung_step(steps_before=2).restarts
+    self.assertRegex(reason, r"^a step waited 0 s \(past 0 s: 100 x the longest of this "
+                     r"session's steps, at least 0 s\) while every peer answers$")
+
+  def test_a_hang_is_waited_out_first_steps_peers_silent_or_gone_or_slow_steps(self):
+    for name, kwargs in {"first steps": dict(steps_before=1),
+                         "a peer silent": dict(steps_before=2, silent=True),
+                         "a peer gone": dict(steps_before=2, peers_answer=False),
+                         "slow steps": dict(steps_before=2, longest_step_secs=0.02)}.items():
+      self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
+
   def test_steps_that_finish_are_not_reported(self):
     stop = _RecordingStop("worker 1")
     hook = stall_watch.StallWatchHook(stop, lambda: "x", timeout_secs=0.5, note_every_secs=0.2,
