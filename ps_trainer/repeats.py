@@ -29,7 +29,7 @@ a worker may have taken a batch from its input, which is then skipped.
 from typing import Callable, TypeVar
 
 import tensorflow as tf
-# Saver accepts only SessionInterface instances.
+# Saver and start_queue_runners accept only SessionInterface instances.
 from tensorflow.python.client import session as tf_session
 
 # A repeat by chance twice in a row has a chance below 1e-9; more than that
@@ -69,12 +69,16 @@ class RepeatProofSession(tf_session.SessionInterface):
 
   For the sessions the trainer makes on a cluster beside its MonitoredSession
   (a PS polling its done flags, the chief's sync thread, a worker waiting for
-  the chief or writing a last checkpoint); the rest is the session's own. A
-  SessionInterface, as Saver.save wants one.
+  the chief or writing a last checkpoint), and the base of the replica's own
+  (session.py). The rest is the session's own. A SessionInterface, as
+  Saver.save wants one.
   """
 
-  def __init__(self, session: tf.compat.v1.Session):
+  def __init__(self, session: tf.compat.v1.Session,
+               on_repeat: Callable[[tf.errors.AbortedError], None]
+               = lambda error: None):
     self._session = session
+    self._on_repeat = on_repeat
 
   @property
   def graph(self):
@@ -85,9 +89,13 @@ class RepeatProofSession(tf_session.SessionInterface):
     return self._session.sess_str
 
   def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
-    return run_past_repeats(lambda: self._session.run(
-        fetches, feed_dict=feed_dict, options=options,
-        run_metadata=run_metadata))
+    return run_past_repeats(
+        lambda: self._run_once(fetches, feed_dict, options, run_metadata),
+        self._on_repeat)
+
+  def _run_once(self, fetches, feed_dict, options, run_metadata):
+    return self._session.run(fetches, feed_dict=feed_dict, options=options,
+                             run_metadata=run_metadata)
 
   def partial_run_setup(self, *args, **kwargs):
     return self._session.partial_run_setup(*args, **kwargs)

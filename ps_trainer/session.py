@@ -26,8 +26,6 @@ import time
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
-# Saver and start_queue_runners accept only SessionInterface instances.
-from tensorflow.python.client import session as tf_session
 
 from ps_trainer import errors
 from ps_trainer import repeats
@@ -109,7 +107,7 @@ class _Callables:
     return compiled[0]()
 
 
-class _ReplicaSession(tf_session.SessionInterface):
+class _ReplicaSession(repeats.RepeatProofSession):
   """The session a replica's hooks see: compiled runs (_Callables), runs
   that TF turns away as repeats run again (repeats.py), and cancelled steps
   reported as a lost peer (UnavailableError)."""
@@ -119,28 +117,19 @@ class _ReplicaSession(tf_session.SessionInterface):
                on_lost: Callable[[Exception], None] = lambda e: None,
                on_run_done: Callable[[], None] = lambda: None,
                on_repeat: Callable[[Exception], None] = lambda e: None):
-    self._session = session
+    super().__init__(session, on_repeat)
     self._callables = _Callables(session)
     self._budget = budget
     self._stopping = stopping
     self._on_lost = on_lost
     self._on_run_done = on_run_done
-    self._on_repeat = on_repeat
 
-  @property
-  def graph(self):
-    return self._session.graph
-
-  @property
-  def sess_str(self):
-    return self._session.sess_str
+  def _run_once(self, fetches, feed_dict, options, run_metadata):
+    return self._callables.run(fetches, feed_dict, options, run_metadata)
 
   def run(self, fetches, feed_dict=None, options=None, run_metadata=None):
     try:
-      values = repeats.run_past_repeats(
-          lambda: self._callables.run(fetches, feed_dict, options,
-                                      run_metadata),
-          on_repeat=self._on_repeat)
+      values = super().run(fetches, feed_dict, options, run_metadata)
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
       self._on_lost(e)  # MonitoredSession recovers; the new one says why.
       raise
@@ -154,18 +143,6 @@ class _ReplicaSession(tf_session.SessionInterface):
       raise lost from e
     self._on_run_done()
     return values
-
-  def partial_run_setup(self, *args, **kwargs):
-    return self._session.partial_run_setup(*args, **kwargs)
-
-  def partial_run(self, *args, **kwargs):
-    return self._session.partial_run(*args, **kwargs)
-
-  def close(self):
-    self._session.close()
-
-  def __getattr__(self, name):
-    return getattr(self._session, name)
 
 
 class _LostSessionCloseFilter(logging.Filter):
