@@ -23,7 +23,10 @@ The task that turns a run away checks the id before it runs any of it
 (Worker::DoRunGraph), and the master then cancels the run's other parts.
 So the run is sent again, from a new thread with a new seed. What the other
 parts did before the cancel reached them stands, as after any failed step:
-a worker may have taken a batch from its input, which is then skipped.
+a worker may have taken a batch from its input, which is then skipped. And
+sometimes a part never gets the cancel and waits forever for tensors of the
+part turned away: the run never comes back, and the stall watch starts the
+task again (stall_watch.py).
 """
 
 from typing import Callable, TypeVar
