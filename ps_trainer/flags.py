@@ -152,9 +152,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "training step (a sync step waits for every aggregated worker), a PS "
       "for its workers when none of them answers. Waits name whom they wait "
       "for every 10 s. A step stuck while every task it needs answers starts "
-      "its task again instead (at most 3 times in a row; sooner, after 100 "
-      "times the session's longest step and at least 120 s, unless a task "
-      "was silent meanwhile). A session start (the "
+      "its task again instead (at most 3 times in a row; async, sooner: "
+      "after 100 times the session's longest step and at least 120 s, "
+      "unless a task was silent meanwhile). A session start (the "
       "first, or after losing one) gets 4 times this to reach a step.")
   _register_validators(fv)
   return sorted(set(fv) - before | {"log_dir"})

@@ -25,10 +25,11 @@ from ps_trainer import stops
 # writes from stopped serving; and so is each call at the end of the run.
 START_TIMEOUTS = 4
 
-# A step stuck while every peer answers is TF's repeat hang (the class
+# An async step stuck while every peer answers is TF's repeat hang (the class
 # docstring) once it has taken this many times the longest of the session's
 # steps, and at least this long: the task then starts again at once, not after
-# --wait_timeout_secs. Not in a session's first steps, which can be slow.
+# --wait_timeout_secs. Not in a session's first steps, which can be slow (nor
+# do they count toward the longest).
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
 STEPS_BEFORE_HANG_BOUND = 10
@@ -55,13 +56,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   every peer answers, the task restarts itself (`stop.restart`) rather than
   exit: a few times in a row at most, where a restart after which the task
   trained for `timeout_secs` is forgotten (a long run meets many repeats).
-  It does not wait out `timeout_secs` for that: a step that takes
-  HANG_STEP_FACTOR times the session's longest step so far, and at least
-  HANG_FLOOR_SECS (past the minute TF can take to fail a step whose PS was
-  started again), while every peer answers and none was found silent when
-  the step's stall was named (`silent_when_named()`: a sync step waiting
-  for a worker that died and is starting again is not hung), is taken for
-  such a hang.
+  With `hang_restarts` (async replicas) it does not wait out `timeout_secs`
+  for that: a step that takes HANG_STEP_FACTOR times the session's longest
+  step so far, and at least HANG_FLOOR_SECS (past the minute TF can take to
+  fail a step whose PS was started again), is taken for such a hang if every
+  peer answers then and none was found silent earlier in the step
+  (`silent_when_named()` after naming it). A sync step also waits for the
+  other replicas, the chief's checkpoint saves included, which can take
+  longer than that: it waits out `timeout_secs`.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -90,6 +92,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       None: never.
     silent_when_named: () -> whether `what()`, when last called, found a
       peer not answering.
+    hang_restarts: restart sooner for a step that looks hung (above).
+    clock: the monotonic clock of every bound (tests pass their own).
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
   """
@@ -99,11 +103,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                poll_secs: float = 1.0,
                restart_if: Optional[Callable[[], bool]] = None,
                start_peers: Optional[Callable[[], str]] = None,
-               silent_when_named: Callable[[], bool] = lambda: False):
+               silent_when_named: Callable[[], bool] = lambda: False,
+               hang_restarts: bool = False,
+               clock: Callable[[], float] = time.monotonic):
     self._stop = stop
     self._what = what
     self._restart_if = restart_if
     self._silent_when_named = silent_when_named
+    self._hang_restarts = hang_restarts
+    self._clock = clock
     self._timeout = timeout_secs
     self._note_every = note_every_secs
     self._poll = poll_secs
@@ -112,7 +120,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = None
     # When this session's first step ended, until the restarts are forgotten.
     self._training_since = None
-    self._steps = 0  # This session's, and the longest of them in seconds.
+    # This session's steps, and the longest of them past the first few.
+    self._steps = 0
     self._longest_step = 0.0
     self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
@@ -126,7 +135,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._training_since = None
     self._steps, self._longest_step = 0, 0.0
     if not self._outside_is(_STARTING):  # Not a failed attempt made again.
-      self._outside = (_STARTING, time.monotonic())
+      self._outside = (_STARTING, self._clock())
     self._watch_in_background()
 
   def tail(self) -> tf.compat.v1.train.SessionRunHook:
@@ -138,13 +147,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def before_run(self, run_context):
     self._outside = None
-    self._step_started = time.monotonic()
+    self._step_started = self._clock()
 
   def after_run(self, run_context, run_values):
-    now = time.monotonic()
+    now = self._clock()
     if self._step_started is not None:
       self._steps += 1
-      self._longest_step = max(self._longest_step, now - self._step_started)
+      if self._steps > STEPS_BEFORE_HANG_BOUND:
+        self._longest_step = max(self._longest_step, now - self._step_started)
     self._step_started = None
     self._outside = (_AFTER_STEP, now)
     if self._training_since is None:
@@ -165,13 +175,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     """From here to finished(), TF gets START_TIMEOUTS x `timeout_secs` for
     each call (run_done() ends one), and for the last one, leaving."""
     self._step_started = None
-    self._outside = (_ENDING, time.monotonic())
+    self._outside = (_ENDING, self._clock())
 
   def run_done(self) -> None:
     """A run of the session came back (session.monitored_session's
     on_run_done): at the end of a run, progress."""
     if self._outside_is(_ENDING):
-      self._outside = (_ENDING, time.monotonic())
+      self._outside = (_ENDING, self._clock())
 
   def finished(self) -> None:
     """The task is done with TF's session and the PS tasks: the watch ends."""
@@ -189,26 +199,26 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       self._thread.start()
 
   def _watch(self):
-    next_note = self._note_every
-    looked = (None, 0.0)  # (the step, when to look again) for a hang.
-    silent_in = None  # The step during which a peer was found silent.
+    step = None  # The step watched: its notes and looks for a hang are its own.
     while not self._done.wait(self._poll):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       started = self._step_started
       if started is None:
-        next_note = self._note_every
         continue
-      waited = time.monotonic() - started
+      if started != step:
+        step, next_note, next_look, silent = (started, self._note_every, 0.0,
+                                              False)
+      waited = self._clock() - started
       if waited >= self._timeout:
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
       hang_bound = self._hang_bound()
-      if (waited >= hang_bound and silent_in != started
-          and (looked[0] != started or waited >= looked[1])):
-        # Peers are probed: not at every poll.
-        looked = (started, waited + self._note_every)
-        if self._may_restart():
+      if not silent and waited >= max(hang_bound, next_look):
+        next_look = waited + self._note_every  # Peers are probed: not often.
+        silent = self._a_peer_silent_now()
+        if (not silent and self._can_restart()
+            and self._step_started == started):  # Still that step.
           self._restart_or_exit(
               waited, f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the "
               f"longest of this session's steps, at least "
@@ -217,8 +227,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if waited >= next_note:
         errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
-        if self._silent_when_named():
-          silent_in = started
+        silent = silent or self._silent_when_named()
         next_note += self._note_every
 
   def _gave_up_outside_steps(self) -> bool:
@@ -228,7 +237,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     if outside is None or self._start_peers is None or self._stop.requested:
       return False
     kind, since = outside
-    waited = time.monotonic() - since
+    waited = self._clock() - since
     limit = self._outside_steps_timeout
     if waited < limit:
       return False
@@ -255,19 +264,24 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _hang_bound(self) -> float:
     """How long a step may wait, while every peer answers, before it is
     taken for TF's repeat hang (HANG_STEP_FACTOR)."""
-    if self._steps < STEPS_BEFORE_HANG_BOUND:
+    if not self._hang_restarts or self._steps < STEPS_BEFORE_HANG_BOUND:
       return self._timeout
     return min(self._timeout,
                max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * self._longest_step))
 
-  def _may_restart(self) -> bool:
-    # Before what(): naming the stall also notes who is silent now, which
-    # must not count as silent already when it was last named.
+  def _a_peer_silent_now(self) -> bool:
+    """Names the peers that do not answer now (no grace): whether any."""
+    self._what()
+    return self._silent_when_named()
+
+  def _can_restart(self) -> bool:
     return (self._restart_if is not None and not self._stop.requested
-            and self._stop.restarts_left() > 0 and self._restart_if())
+            and self._stop.restarts_left() > 0)
 
   def _give_up(self, waited: float) -> None:
-    if self._may_restart():
+    # restart_if() before what(): naming the stall also notes who is silent
+    # now, which must not count as silent already when it was last named.
+    if self._can_restart() and self._restart_if():
       self._restart_or_exit(waited, f"--wait_timeout_secs={self._timeout:.0f}")
       return  # Not reached: the program has started again.
     self._exit(waited)

@@ -208,7 +208,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         stop, others.stall_reason, cfg.train.wait_timeout_secs,
         restart_if=others.answer_for_a_restart,
         start_peers=others.session_peers,
-        silent_when_named=others.silent_when_named)
+        silent_when_named=others.silent_when_named,
+        hang_restarts=not cfg.train.sync_replicas)
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),

@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import io
+import math
 import os
 import signal
 import socket
@@ -250,22 +251,23 @@ class RestartTest(absltest.TestCase):
     # A long run meets TF's repeat hangs again and again (repeats.py): each restart that led
     # back to training must not count toward the few allowed in a row.
     os.environ[stops.RESTARTS_ENV] = str(stops.MAX_RESTARTS - 1)
-    stop = stops.StopRequest("worker 1")
-    hook = stall_watch.StallWatchHook(stop, lambda: "the PS", timeout_secs=0.3,
-                                      note_every_secs=60, poll_secs=0.05)
+    stop, clock = _RecordingStop("worker 1"), _Clock()
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS", timeout_secs=60,
+                                      note_every_secs=600, poll_secs=0.05, clock=clock)
+    self.addCleanup(hook.finished)
     hook.session_starting()
     _whole_step(hook)
-    time.sleep(0.2)
-    hook.session_starting()  # A lost session: training starts over.
+    clock.now = 40
+    hook.session_starting()  # A lost session: its training starts over.
     _whole_step(hook)
-    time.sleep(0.2)
+    clock.now = 99
     _whole_step(hook)
-    self.assertEqual(stop.restarts_left(), 1)  # 0.4 s since the first step, 0.2 in this session.
-    time.sleep(0.15)
+    self.assertEqual(stop.restarts_left(), 1)  # 99 s since the first step, 59 in this session.
+    clock.now = 100
     _whole_step(hook)
-    hook.finished()
     self.assertNotIn(stops.RESTARTS_ENV, os.environ)
     self.assertEqual(stop.restarts_left(), stops.MAX_RESTARTS)
+    self.assertEqual(stop.forced, [])
 
   def test_a_stop_asked_before_or_during_a_restart_ends_the_task_instead(self):
     # A signal in the seconds the stall watch spends deciding, or during the restart's last
@@ -376,6 +378,16 @@ class _RestartingStop(_RecordingStop):
 
   def restart(self, reason, execv=None):
     self.restarts.append(reason)
+
+
+class _Clock:
+  """A monotonic clock that moves only when a test sets it."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    return self.now
 
 
 def _whole_step(hook) -> None:
@@ -645,44 +657,54 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertRegex(reason, r"^gave up after a step waited \d s for the gradients of worker 1 "
                      r"\(not answering\) \(--wait_timeout_secs=1\); the newest checkpoint is kept")
 
-  def hung_step(self, steps_before: int, silent: bool = False, peers_answer: bool = True,
-               longest_step_secs: float = 0.0) -> _RestartingStop:
+  def hung_step(self, steps_before: int, silent_from: float = math.inf,
+                hang_restarts: bool = True, longest_step_secs: float = 0.001,
+                wait_secs: float = 0.5) -> _RestartingStop:
     """`steps_before` steps that return (the last taking `longest_step_secs`), then one that
-    never does, watched with a 30 s bound and a hang bound of 0.3 s (2 steps first) for 1.5 s."""
+    never does, watched (600 s bound) until its clock reads 130 s, and `wait_secs` more; a
+    peer does not answer from `silent_from` s into it on."""
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
-    self.enterContext(mock.patch.object(stall_watch, "HANG_FLOOR_SECS", 0.3))
-    self.enterContext(mock.patch.object(stall_watch, "STEPS_BEFORE_HANG_BOUND", 2))
-    stop = _RestartingStop("worker 1")
-    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=30,
-                                      note_every_secs=0.1, poll_secs=0.05,
-                                      restart_if=lambda: peers_answer,
-                                      silent_when_named=lambda: silent)
+    stop, clock = _RestartingStop("worker 1"), _Clock()
+    started = math.inf
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=600,
+                                      note_every_secs=10, poll_secs=0.02,
+                                      restart_if=lambda: True,
+                                      silent_when_named=lambda: clock.now - started >= silent_from,
+                                      hang_restarts=hang_restarts, clock=clock)
     with contextlib.redirect_stdout(io.StringIO()):
       hook.after_create_session(None, None)
       for step in range(steps_before):
+        clock.now += 1.0
         hook.before_run(None)
-        if step == steps_before - 1:
-          time.sleep(longest_step_secs)
+        clock.now += longest_step_secs if step == steps_before - 1 else 0.001
         hook.after_run(None, None)
+      clock.now += 1.0
       hook.before_run(None)  # TF's repeat hang: it never returns.
-      deadline = time.monotonic() + 1.5
+      started = clock.now
+      for waited in range(10, 140, 10):  # The watch names it every 10 s on the way.
+        clock.now = started + waited
+        time.sleep(0.1)
+      deadline = time.monotonic() + wait_secs
       while not (stop.restarts or stop.forced) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
       hook.finished()
     self.assertEqual(stop.forced, [])
     return stop
 
-  def test_a_step_hung_while_every_peer_answers_restarts_the_task_before_the_bound(self):
-    (reason,) = self.hung_step(steps_before=2).restarts
-    self.assertRegex(reason, r"^a step waited 0 s \(past 0 s: 100 x the longest of this "
-                     r"session's steps, at least 0 s\) while every peer answers$")
+  def test_an_async_step_hung_while_every_peer_answers_restarts_before_the_bound(self):
+    (reason,) = self.hung_step(steps_before=stall_watch.STEPS_BEFORE_HANG_BOUND,
+                               wait_secs=10).restarts
+    self.assertRegex(reason, r"^a step waited 1[23]\d s \(past 120 s: 100 x the longest of "
+                     r"this session's steps, at least 120 s\) while every peer answers$")
 
-  def test_a_hang_is_waited_out_first_steps_peers_silent_or_gone_or_slow_steps(self):
-    for name, kwargs in {"first steps": dict(steps_before=1),
-                         "a peer silent": dict(steps_before=2, silent=True),
-                         "a peer gone": dict(steps_before=2, peers_answer=False),
-                         "slow steps": dict(steps_before=2, longest_step_secs=0.02)}.items():
+  def test_a_hang_is_waited_out_first_steps_a_silent_peer_slow_steps_or_sync(self):
+    enough = stall_watch.STEPS_BEFORE_HANG_BOUND + 1
+    for name, kwargs in {"first steps": dict(steps_before=enough - 2),
+                         "a peer silent": dict(steps_before=enough, silent_from=10),
+                         "a peer silent at the look": dict(steps_before=enough, silent_from=120),
+                         "slow steps": dict(steps_before=enough, longest_step_secs=1.5),
+                         "sync": dict(steps_before=enough, hang_restarts=False)}.items():
       self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
 
   def test_steps_that_finish_are_not_reported(self):
