@@ -110,18 +110,20 @@ class Throughput:
         self._mark = now
     self._last = now
 
-  def steps_per_sec(self) -> float:
-    """Steady global steps/s; falls back to the whole run if it was too short."""
+  def steps_per_sec(self) -> Optional[float]:
+    """Steady global steps/s; falls back to the whole run if it was too short.
+    None when this process timed no steps: a chief that started itself again
+    as the others finished the run has no speed to report, not a speed of 0."""
     if self._last is None:
-      return 0.0
+      return None
     start = self._mark if self._mark and self._mark != self._last else self._first
     seconds = self._last[0] - start[0]
-    return (self._last[1] - start[1]) / seconds if seconds > 0 else 0.0
+    return (self._last[1] - start[1]) / seconds if seconds > 0 else None
 
-  def wall_secs(self) -> float:
-    """Seconds from the first session's start to the last step."""
+  def wall_secs(self) -> Optional[float]:
+    """Seconds from the first session's start to the last step (None: no step)."""
     if self._last is None or self._started is None:
-      return 0.0
+      return None
     return self._last[0] - self._started
 
 
@@ -232,7 +234,8 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         loss=metrics["loss"],
         accuracy=metrics["accuracy"],
         train_loss=train_loss if math.isfinite(train_loss) else None,
-        examples_per_sec=steps_per_sec * self._examples,
+        examples_per_sec=(None if steps_per_sec is None
+                          else steps_per_sec * self._examples),
         steps_per_sec=steps_per_sec,
         wall_secs=self._throughput.wall_secs(),
         **self._fields)
@@ -246,11 +249,15 @@ def summary_line(result: dict) -> str:
   else:
     where = (f"{'sync' if result['sync_replicas'] else 'async'}, "
              f"{result['num_workers']} worker(s), {result['num_ps']} PS")
+  if result["steps_per_sec"] is None:
+    speed = "no speed: this process timed no steps"
+  else:
+    speed = (f"{result['steps_per_sec']:.1f} steps/s  "
+             f"{result['examples_per_sec']:.0f} examples/s  "
+             f"{result['wall_secs']:.1f} s")
   return (f"done: step {result['global_step']}  test accuracy "
           f"{result['accuracy']:.4f}  test loss {result['loss']:.4f}  "
-          f"{result['steps_per_sec']:.1f} steps/s  "
-          f"{result['examples_per_sec']:.0f} examples/s  "
-          f"{result['wall_secs']:.1f} s  ({where})")
+          f"{speed}  ({where})")
 
 
 def write_json(path: str, value) -> None:

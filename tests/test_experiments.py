@@ -131,6 +131,25 @@ class TrainerArgsTest(absltest.TestCase):
       trainer_args.parse(["--nobatch_size"], owned=set(), defaults={})
 
 
+class FinishedRunTest(absltest.TestCase):
+
+  def test_a_run_whose_chief_timed_no_steps_fails_with_one_line(self):
+    # Its chief started again as the others ended the run: a bench or compare has no speed
+    # for it, and a median of such a 0 would lie.
+    log_dir = testutil.make_tempdir(self)
+    with open(os.path.join(log_dir, "result.json"), "w") as f:
+      json.dump({"global_step": 100, "steps_per_sec": None}, f)
+    log_path = os.path.join(log_dir, "launch.log")
+    with open(log_path, "w") as f:
+      f.write("chief: starting at global step 100 of 100\n")
+    with self.assertRaises(runs.RunFailed) as failed:
+      runs._finish("cluster", log_dir, log_path, 0, 0.0)  # pylint: disable=protected-access
+    self.assertEqual(str(failed.exception),
+                     "cluster: its chief timed no steps (it was started again as the run "
+                     f"ended), so the run has no speed; log {log_path}: chief: starting at "
+                     "global step 100 of 100")
+
+
 class BenchTableTest(absltest.TestCase):
 
   def test_a_ratio_just_under_a_target_does_not_print_as_the_target(self):

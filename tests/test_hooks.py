@@ -1,5 +1,7 @@
 """Throughput figures and result.json writing, with a fake clock (no session runs)."""
 
+import contextlib
+import io
 import json
 import os
 
@@ -55,10 +57,10 @@ class ThroughputTest(absltest.TestCase):
     self.run_steps(throughput, clock, range(20, 101), secs_per_step=0.25)
     self.assertAlmostEqual(throughput.steps_per_sec(), 4.0)
 
-  def test_no_steps_is_zero_not_an_error(self):
+  def test_no_steps_timed_is_no_speed_not_zero(self):
     throughput = hooks.Throughput(train_steps=10, clock=FakeClock())
-    self.assertEqual(throughput.steps_per_sec(), 0.0)
-    self.assertEqual(throughput.wall_secs(), 0.0)
+    self.assertIsNone(throughput.steps_per_sec())
+    self.assertIsNone(throughput.wall_secs())
     self.assertEqual(throughput.steps_observed, 0)
 
 
@@ -109,6 +111,24 @@ class ResultHookTest(absltest.TestCase):
       self.assertEqual(json.load(f), {"global_step": 20, "steps_per_sec": 2.0})
     self.assertEqual(hook.result["steps_per_sec"], 2.0)
 
+
+  def test_a_chief_that_timed_no_steps_reports_no_speed(self):
+    # It started itself again (a hung step) while the other workers ended the run: the test
+    # figures are its own, the speed nobody's.
+    path = os.path.join(testutil.make_tempdir(self), "result.json")
+    throughput = hooks.Throughput(train_steps=20, clock=FakeClock())
+    throughput.session_started()
+    hook = self.hook(path, throughput)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.end(_Session(20))
+    with open(path) as f:
+      result = json.load(f)
+    self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
+    self.assertEqual((result["steps_per_sec"], result["examples_per_sec"],
+                      result["wall_secs"]), (None, None, None))
+    self.assertEqual(output.getvalue(), "done: step 20  test accuracy 0.7500  test loss 0.2500  "
+                     "no speed: this process timed no steps  (async, 2 worker(s), 1 PS)\n")
 
   def test_a_run_stopped_early_writes_no_result(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")

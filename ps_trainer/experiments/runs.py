@@ -81,7 +81,12 @@ def _finish(label: str, log_dir: str, log_path: str, status: int,
                     f"{'a' if os.path.exists(result_path) else 'no'} "
                     f"result.json; log {log_path}: {_last_lines(log_path)}")
   with open(result_path) as f:
-    return Run(label, log_dir, json.load(f), time.monotonic() - started)
+    result = json.load(f)
+  if result.get("steps_per_sec") is None:
+    raise RunFailed(f"{label}: its chief timed no steps (it was started "
+                    "again as the run ended), so the run has no speed; log "
+                    f"{log_path}: {_last_lines(log_path)}")
+  return Run(label, log_dir, result, time.monotonic() - started)
 
 
 def _wait(process: subprocess.Popen, label: str, log_path: str) -> int:
