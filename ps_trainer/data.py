@@ -255,6 +255,17 @@ def _synthetic_batch(step, batch_size, seed):
   return features, labels
 
 
+def not_converted(function):
+  """`function` for tf.data as it is, without AutoGraph.
+
+  AutoGraph would rewrite it into a file in the temporary directory that is
+  deleted only at a normal exit, and a task that restarts or is forced out
+  ends without one: each such start left files behind. These functions are
+  plain graph code, with no Python control flow to convert.
+  """
+  return tf.autograph.experimental.do_not_convert(function)
+
+
 def train_input(ds, batch_size, num_shards, shard_index, seed):
   """Builds this worker's endless training pipeline.
 
@@ -291,8 +302,8 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
         ds.records, batch_size, num_shards, shard_index, seed),
                            initializable=False)
   if ds.x_train is None:  # synthetic: generated here, endless by itself.
-    dataset = tf.data.Dataset.counter().map(
-        lambda step: _synthetic_batch(step, batch_size, shard_seed))
+    dataset = tf.data.Dataset.counter().map(not_converted(
+        lambda step: _synthetic_batch(step, batch_size, shard_seed)))
     # Its own thread holds a pool resource, which a one-shot iterator cannot.
     return _iterator_input(_on_input_thread(dataset.prefetch(tf.data.AUTOTUNE)),
                            initializable=True)
@@ -380,7 +391,8 @@ def _array_input(x, y, batch_size, shuffle_seed):
     dataset = dataset.shuffle(count, seed=shuffle_seed,
                               reshuffle_each_iteration=True).repeat()
   dataset = dataset.batch(batch_size, drop_remainder=shuffle_seed is not None)
-  dataset = dataset.map(lambda i: (tf.gather(x_in, i), tf.gather(y_in, i)))
+  dataset = dataset.map(
+      not_converted(lambda i: (tf.gather(x_in, i), tf.gather(y_in, i))))
   dataset = dataset.prefetch(tf.data.AUTOTUNE)
   iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
   features, labels = iterator.get_next()

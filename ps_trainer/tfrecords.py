@@ -117,9 +117,15 @@ def train_dataset(records: record_checks.RecordSet, batch_size: int, num_shards:
                             reshuffle_each_iteration=True).repeat()
   # Parsing a batch at once is several times faster than record by record.
   dataset = dataset.batch(batch_size, drop_remainder=True).map(
-      lambda serialized: _parse(serialized, records.dense_dim),
+      _parser(records.dense_dim),
       num_parallel_calls=tf.data.AUTOTUNE)
   return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _parser(dense_dim: int):
+  """The batch parser tf.data maps over, as it is (data.not_converted)."""
+  return tf.autograph.experimental.do_not_convert(
+      lambda serialized: _parse(serialized, dense_dim))
 
 
 def _check_share(records, files, num_shards, shard_index):
@@ -164,6 +170,6 @@ def test_dataset(records: record_checks.RecordSet, batch_size: int) -> tf.data.D
   readers.check_positive(batch_size, "--batch_size")
   dataset = tf.data.TFRecordDataset(list(records.test_files))
   dataset = dataset.batch(batch_size).map(
-      lambda serialized: _parse(serialized, records.dense_dim),
+      _parser(records.dense_dim),
       num_parallel_calls=tf.data.AUTOTUNE)
   return dataset.prefetch(tf.data.AUTOTUNE)

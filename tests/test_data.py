@@ -473,6 +473,16 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(sizes, [4, 4, 2])  # last partial batch kept
         self.assertEqual(seen, list(range(10)))  # in order, once each
 
+  def test_pipelines_leave_no_autograph_files(self):
+    # A task that restarts or is forced out skips the exit that removes them.
+    def build():
+      for name in ("digits", "synthetic"):
+        ds = data.load(name)
+        with tf.Graph().as_default():
+          data.train_input(ds, 16, 1, 0, seed=0)
+          data.test_input(ds, 16)
+    self.assertEqual(testutil.autograph_files_written(self, build), [])
+
   def test_synthetic_pipeline(self):
     ds = data.load("synthetic")
     with tf.Graph().as_default():
