@@ -111,6 +111,19 @@ def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
         collections=[])
 
 
+def hang_flags(num_workers: int) -> tf.Variable:
+  """PS 0's flags of replicas whose sync step looks hung, and a count of the
+  restarts they agreed on (hang_vote.py): [num_workers + 1].
+
+  Like the done flags: in no collection, and zeroed by PS 0 when it starts.
+  """
+  with tf.device("/job:ps/task:0"):
+    return tf.compat.v1.get_variable(
+        "ps_trainer/hang_flags", shape=[num_workers + 1], dtype=tf.int32,
+        initializer=tf.compat.v1.zeros_initializer(), trainable=False,
+        collections=[])
+
+
 class DoneSignals:
   """The other replicas' done flags, as a replica's graph reads them.
 
@@ -195,11 +208,20 @@ def clear_done(target: str, info: cluster_lib.ClusterInfo,
 
 def _on_own_flags(target: str, info: cluster_lib.ClusterInfo,
                   ps_indices: list, timeout_secs: float, make_fetch):
-  """Runs make_fetch([the done flags of each PS in `ps_indices`]) in a
-  session that sees only those PS tasks and this task; returns its value."""
+  """Runs make_fetch([the done flags of each PS in `ps_indices`]); returns
+  its value (run_on_ps)."""
+  return run_on_ps(
+      target, info, ps_indices, timeout_secs,
+      lambda: make_fetch([done_flags(i, info.num_workers) for i in ps_indices]))
+
+
+def run_on_ps(target: str, info: cluster_lib.ClusterInfo, ps_indices: list,
+              timeout_secs: float, build):
+  """Runs build()'s fetch, made in a graph of its own, in a session that sees
+  only the PS tasks in `ps_indices` and this task; returns its value."""
   graph = tf.Graph()
   with graph.as_default():
-    fetch = make_fetch([done_flags(i, info.num_workers) for i in ps_indices])
+    fetch = build()
   config = session_config(info)
   del config.device_filters[:]
   config.device_filters.extend(
@@ -228,13 +250,16 @@ def _answering_ps(info: cluster_lib.ClusterInfo, within_secs: float) -> tuple:
 
 
 class _DoneFlags:
-  """A PS's own view of its done flags: zeroed once, then read."""
+  """A PS's own view of its done flags: zeroed once, then read. PS 0 zeroes
+  the hang flags too."""
 
   def __init__(self, info: cluster_lib.ClusterInfo, target: str):
     self._graph = tf.Graph()
     with self._graph.as_default():
       flags = done_flags(info.task_index, info.num_workers)
-      self._zero = flags.initializer
+      self._zero = [flags.initializer]
+      if info.task_index == 0:
+        self._zero.append(hang_flags(info.num_workers).initializer)
       self._read = flags.read_value()
     self._session = repeats.session(target, graph=self._graph,
                                     config=session_config(info))

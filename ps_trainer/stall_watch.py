@@ -28,8 +28,9 @@ START_TIMEOUTS = 4
 # An async step stuck while every peer answers is TF's repeat hang (the class
 # docstring) once it has taken this many times the longest of the session's
 # steps, and at least this long: the task then starts again at once, not after
-# --wait_timeout_secs. Not in a session's first steps, which can be slow (nor
-# do they count toward the longest).
+# --wait_timeout_secs; a sync step, once every replica's is (hang_vote.py).
+# Not in a session's first steps, which can be slow (nor do they count toward
+# the longest).
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
 STEPS_BEFORE_HANG_BOUND = 10
@@ -63,7 +64,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   peer answers then and none was found silent earlier in the step
   (`silent_when_named()` after naming it). A sync step also waits for the
   other replicas, the chief's checkpoint saves included, which can take
-  longer than that: it waits out `timeout_secs`.
+  longer than that; so with `hang_vote` (sync replicas) a step past that
+  bound, with every peer answering, only counts as hung once every replica
+  is in the same state (hang_vote.py), and otherwise waits out
+  `timeout_secs`.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -93,6 +97,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     silent_when_named: () -> whether `what()`, when last called, found a
       peer not answering.
     hang_restarts: restart sooner for a step that looks hung (above).
+    hang_vote: a hang_vote.HangVote: restart sooner for a step that looks
+      hung once every replica agrees (above).
     clock: the monotonic clock of every bound (tests pass their own).
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
@@ -105,12 +111,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                start_peers: Optional[Callable[[], str]] = None,
                silent_when_named: Callable[[], bool] = lambda: False,
                hang_restarts: bool = False,
+               hang_vote=None,
                clock: Callable[[], float] = time.monotonic):
     self._stop = stop
     self._what = what
     self._restart_if = restart_if
     self._silent_when_named = silent_when_named
     self._hang_restarts = hang_restarts
+    self._hang_vote = hang_vote
+    self._voted_in = None  # The step whose hang vote this replica is in.
     self._clock = clock
     self._timeout = timeout_secs
     self._note_every = note_every_secs
@@ -143,6 +152,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     return _AfterStepEnd(self)
 
   def after_create_session(self, session, coord):
+    if self._hang_vote is not None:
+      # Its flag may be set still, if it was stopped or restarted mid-vote.
+      self._hang_vote.leave()
     self._watch_in_background()
 
   def before_run(self, run_context):
@@ -204,6 +216,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       started = self._step_started
+      if self._voted_in is not None and started != self._voted_in:
+        self._voted_in = None  # That step ended.
+        self._hang_vote.leave()
       if started is None:
         continue
       if started != step:
@@ -214,15 +229,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
       hang_bound = self._hang_bound()
-      if not silent and waited >= max(hang_bound, next_look):
+      if ((not silent or self._voted_in == started)
+          and waited >= max(hang_bound, next_look)):
         next_look = waited + self._note_every  # Peers are probed: not often.
-        silent = self._a_peer_silent_now()
-        if (not silent and self._can_restart()
-            and self._step_started == started):  # Still that step.
-          self._restart_or_exit(
-              waited, f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the "
-              f"longest of this session's steps, at least "
-              f"{HANG_FLOOR_SECS:.0f} s")
+        silent = silent or self._a_peer_silent_now()
+        hung = self._why_hung(started, hang_bound, silent)
+        if hung:
+          self._restart_or_exit(waited, *hung)
           return  # Not reached: the program has started again.
       if waited >= next_note:
         errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
@@ -264,10 +277,27 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _hang_bound(self) -> float:
     """How long a step may wait, while every peer answers, before it is
     taken for TF's repeat hang (HANG_STEP_FACTOR)."""
-    if not self._hang_restarts or self._steps < STEPS_BEFORE_HANG_BOUND:
+    early = self._hang_restarts or self._hang_vote is not None
+    if not early or self._steps < STEPS_BEFORE_HANG_BOUND:
       return self._timeout
     return min(self._timeout,
                max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * self._longest_step))
+
+  def _why_hung(self, started: float, hang_bound: float, silent: bool):
+    """At a look past the hang bound: (the bound, whether every peer
+    answers) for the restart of a step that counts as hung, or None."""
+    if not self._can_restart() or self._step_started != started:
+      return None  # Or no longer that step.
+    bound = (f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the longest of "
+             f"this session's steps, at least {HANG_FLOOR_SECS:.0f} s")
+    vote = self._hang_vote
+    if vote is None:
+      return None if silent else (bound, True)
+    if self._voted_in != started and silent:
+      return None  # As in async mode: a peer was silent, so not a hang.
+    self._voted_in = started
+    agreed = vote.verdict(may_decide=not silent)
+    return None if agreed is None else (f"{bound}; {agreed}", not silent)
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""
@@ -286,10 +316,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       return  # Not reached: the program has started again.
     self._exit(waited)
 
-  def _restart_or_exit(self, waited: float, bound: str) -> None:
+  def _restart_or_exit(self, waited: float, bound: str,
+                       answering: bool = True) -> None:
     try:
-      self._stop.restart(f"a step waited {waited:.0f} s ({bound}) while every "
-                         "peer answers")
+      self._stop.restart(f"a step waited {waited:.0f} s ({bound})"
+                         + (" while every peer answers" if answering else ""))
     except OSError as e:  # The program could not be started again.
       self._exit(waited, f"; starting again failed: {e}")
 

@@ -15,6 +15,7 @@ from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import errors
+from ps_trainer import hang_vote as hang_vote_lib
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import host_cores
 from ps_trainer import peers
@@ -209,7 +210,9 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         restart_if=others.answer_for_a_restart,
         start_peers=others.session_peers,
         silent_when_named=others.silent_when_named,
-        hang_restarts=not cfg.train.sync_replicas)
+        hang_restarts=not cfg.train.sync_replicas,
+        hang_vote=(hang_vote_lib.HangVote(target, cfg.cluster)
+                   if cfg.train.sync_replicas else None))
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),

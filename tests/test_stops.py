@@ -380,6 +380,21 @@ class _RestartingStop(_RecordingStop):
     self.restarts.append(reason)
 
 
+class _FakeVote:
+  """A hang vote (hang_vote.HangVote) whose verdicts are given, one per call; its calls."""
+
+  def __init__(self, verdicts):
+    self._verdicts = list(verdicts)
+    self.calls = []
+
+  def verdict(self, may_decide):
+    self.calls.append("verdict may decide" if may_decide else "verdict")
+    return self._verdicts.pop(0) if self._verdicts else None
+
+  def leave(self):
+    self.calls.append("leave")
+
+
 class _Clock:
   """A monotonic clock that moves only when a test sets it."""
 
@@ -659,10 +674,11 @@ class StallWatchHookTest(absltest.TestCase):
 
   def hung_step(self, steps_before: int, silent_from: float = math.inf,
                 hang_restarts: bool = True, longest_step_secs: float = 0.001,
-                wait_secs: float = 0.5) -> _RestartingStop:
+                wait_secs: float = 0.5, hang_vote=None,
+                until_secs: int = 130) -> _RestartingStop:
     """`steps_before` steps that return (the last taking `longest_step_secs`), then one that
-    never does, watched (600 s bound) until its clock reads 130 s, and `wait_secs` more; a
-    peer does not answer from `silent_from` s into it on."""
+    never does, watched (600 s bound) until its clock reads `until_secs`, and `wait_secs`
+    more; a peer does not answer from `silent_from` s into it on."""
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop, clock = _RestartingStop("worker 1"), _Clock()
@@ -671,7 +687,8 @@ class StallWatchHookTest(absltest.TestCase):
                                       note_every_secs=10, poll_secs=0.02,
                                       restart_if=lambda: True,
                                       silent_when_named=lambda: clock.now - started >= silent_from,
-                                      hang_restarts=hang_restarts, clock=clock)
+                                      hang_restarts=hang_restarts, hang_vote=hang_vote,
+                                      clock=clock)
     with contextlib.redirect_stdout(io.StringIO()):
       hook.after_create_session(None, None)
       for step in range(steps_before):
@@ -682,7 +699,7 @@ class StallWatchHookTest(absltest.TestCase):
       clock.now += 1.0
       hook.before_run(None)  # TF's repeat hang: it never returns.
       started = clock.now
-      for waited in range(10, 140, 10):  # The watch names it every 10 s on the way.
+      for waited in range(10, until_secs + 10, 10):  # The watch names it every 10 s.
         clock.now = started + waited
         time.sleep(0.1)
       deadline = time.monotonic() + wait_secs
@@ -706,6 +723,60 @@ class StallWatchHookTest(absltest.TestCase):
                          "slow steps": dict(steps_before=enough, longest_step_secs=1.5),
                          "sync": dict(steps_before=enough, hang_restarts=False)}.items():
       self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
+
+  def sync_hang(self, verdicts, silent_from=math.inf):
+    """A sync replica's hung step (hung_step) with a hang vote whose verdicts at the looks past
+    the bound (at 130 s and 140 s: the clock reads 119.99... at 120) are `verdicts`: (its
+    restarts, the calls to its vote)."""
+    vote = _FakeVote(verdicts)
+    stop = self.hung_step(steps_before=stall_watch.STEPS_BEFORE_HANG_BOUND, hang_restarts=False,
+                          hang_vote=vote, silent_from=silent_from, until_secs=140)
+    return stop.restarts, vote.calls
+
+  def test_a_sync_step_hung_restarts_before_the_bound_once_every_replica_agrees(self):
+    restarts, calls = self.sync_hang([None, "so were the steps of all 2 replicas"])
+    (reason,) = restarts
+    self.assertRegex(reason, r"^a step waited 140 s \(past 120 s: 100 x the longest of this "
+                     r"session's steps, at least 120 s; so were the steps of all 2 replicas\) "
+                     r"while every peer answers$")
+    # Its flag cleared as its session starts, then a verdict at each look.
+    self.assertEqual(calls, ["leave", "verdict may decide", "verdict may decide"])
+
+  def test_a_sync_step_waits_on_while_the_replicas_do_not_agree_or_a_peer_was_silent(self):
+    restarts, calls = self.sync_hang([None, None])
+    self.assertEqual(restarts, [])
+    self.assertEqual(calls, ["leave", "verdict may decide", "verdict may decide"])
+    restarts, calls = self.sync_hang(["would restart"], silent_from=10)
+    self.assertEqual((restarts, calls), ([], ["leave"]))  # Never even voted.
+
+  def test_a_sync_replica_follows_an_agreement_though_a_peer_went_silent(self):
+    # The peers that restart for the agreement do not answer a moment.
+    restarts, calls = self.sync_hang([None, "another replica found every replica's step stuck "
+                                      "as long"], silent_from=135)
+    (reason,) = restarts
+    self.assertRegex(reason, r"^a step waited 140 s \(past 120 s: .*; another replica found "
+                     r"every replica's step stuck as long\)$")
+    self.assertEqual(calls, ["leave", "verdict may decide", "verdict"])
+
+  def test_a_sync_replica_whose_step_ends_clears_its_flag(self):
+    vote, clock = _FakeVote([]), _Clock()
+    hook = stall_watch.StallWatchHook(_RestartingStop("worker 1"), lambda: "the PS tasks",
+                                      timeout_secs=600, poll_secs=0.02, restart_if=lambda: True,
+                                      hang_vote=vote, clock=clock)
+    with contextlib.redirect_stdout(io.StringIO()):
+      hook.after_create_session(None, None)
+      for _ in range(stall_watch.STEPS_BEFORE_HANG_BOUND):
+        _whole_step(hook)
+      hook.before_run(None)
+      clock.now += 130
+      deadline = time.monotonic() + 10
+      while len(vote.calls) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+      hook.after_run(None, None)  # The step ends after all: a slow peer.
+      while len(vote.calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+      hook.finished()
+    self.assertEqual(vote.calls, ["leave", "verdict may decide", "leave"])
 
   def test_steps_that_finish_are_not_reported(self):
     stop = _RecordingStop("worker 1")

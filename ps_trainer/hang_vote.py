@@ -1,0 +1,123 @@
+"""Sync replicas agree that TF's repeat hang stalls them all.
+
+A step of one replica can hang inside TF while every peer answers (TF's
+repeat hang: stall_watch.StallWatchHook). An async replica then starts
+itself again once its step is past the hang bound. A sync replica cannot
+tell that alone: its step also waits, legitimately, for the other replicas'
+gradients, so one replica's hung step stalls every replica, and so does a
+chief writing a checkpoint or a worker starting again.
+
+What tells them apart: in each legitimate wait some replica is not in a step
+(the chief saving, a worker starting), while a hang leaves every replica in
+one. So each replica whose step is past the bound, with every peer
+answering, sets its flag on PS 0 (server.hang_flags); one that then finds
+every flag set starts again, and clears the flags and moves the count of
+agreed restarts on, so that the others start again too: the hung one is
+among them, and no one can tell which it is. A replica whose step ends
+clears its flag, and so does each new session of a replica (one stopped
+while its flag was set).
+"""
+
+import threading
+from typing import Optional
+
+import tensorflow as tf
+
+from ps_trainer import cluster as cluster_lib
+from ps_trainer import errors
+from ps_trainer import server as server_lib
+from ps_trainer import waits
+
+# The errors of a vote's run on PS 0 that leave the vote undecided: it is
+# taken again at the next look, and --wait_timeout_secs bounds the step.
+_RUN_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+               tf.errors.AbortedError, tf.errors.CancelledError,
+               tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
+
+
+class HangVote:
+  """One sync replica's part in the vote, run from its stall watch's thread.
+
+  Args:
+    target: this task's server target.
+    info: this task's ClusterInfo.
+    timeout_secs: the bound on each run on PS 0.
+  """
+
+  def __init__(self, target: str, info: cluster_lib.ClusterInfo,
+               timeout_secs: float = 10.0):
+    self._target = target
+    self._info = info
+    self._timeout = timeout_secs
+    self._index = info.replica_index
+    self._count = info.num_workers
+    # The count of agreed restarts when this replica set its flag.
+    self._restarts_at_join = None
+
+  def verdict(self, may_decide: bool) -> Optional[str]:
+    """Sets this replica's flag (its step looks hung) if it is not set yet;
+    returns why this replica starts again now, or None: it waits on.
+
+    `may_decide`: whether every peer answers now, without which this
+    replica may follow an agreement but not make one.
+    """
+    if self._restarts_at_join is None and not self._join():
+      return None
+    flags = self._run(lambda f: f.read_value())
+    if flags is None:
+      return None
+    if flags[self._count] != self._restarts_at_join:
+      return "another replica found every replica's step stuck as long"
+    if not (may_decide and all(flags[:self._count])):
+      return None
+    moved = [0] * self._count + [int(flags[self._count]) + 1]
+    if self._run(lambda f: f.assign(moved)) is None:
+      return None
+    return f"so were the steps of all {self._count} replicas"
+
+  def leave(self) -> None:
+    """Clears this replica's flag: its step ended, or a session starts."""
+    self._restarts_at_join = None
+    self._run(lambda f: tf.compat.v1.scatter_update(f, [self._index], [0]))
+
+  def _join(self) -> bool:
+    """Sets this replica's flag; whether it did."""
+    # The count first: a replica that sees this flag set and moves the count
+    # on does so after this read, so this replica sees the count move.
+    flags = self._run(lambda f: f.read_value())
+    if flags is None or self._run(lambda f: tf.compat.v1.scatter_update(
+        f, [self._index], [1])) is None:
+      return False
+    self._restarts_at_join = int(flags[self._count])
+    return True
+
+  def _run(self, make_fetch):
+    """make_fetch(PS 0's hang flags), run; None when the run failed.
+
+    On a thread of its own, waited for `timeout_secs`: TF creates a session
+    without any bound when a task it needs does not answer, and the stall
+    watch that votes must never block on one.
+    """
+    who = self._info.replica_name(self._index)
+    if not waits.reachable(self._info.jobs["ps"][0], timeout_secs=1.0):
+      return None  # The step's notes name it.
+    outcome = {}
+
+    def run():
+      try:
+        outcome["value"] = server_lib.run_on_ps(
+            self._target, self._info, [0], self._timeout,
+            lambda: make_fetch(server_lib.hang_flags(self._count)))
+      except _RUN_ERRORS as e:
+        outcome["error"] = errors.first_line(str(e))
+
+    thread = threading.Thread(target=run, name="ps_trainer_hang_vote",
+                              daemon=True)
+    thread.start()
+    thread.join(self._timeout)
+    if "value" in outcome:
+      return outcome["value"]
+    failure = outcome.get("error", f"no answer within {self._timeout:.0f} s")
+    errors.warn(f"{who}: could not take part in the vote on a hung sync "
+                f"step on ps 0: {failure}")
+    return None

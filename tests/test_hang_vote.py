@@ -1,0 +1,82 @@
+"""Sync replicas agree that every one of them is stuck before any starts again for it.
+
+In-process servers: 1 PS and 3 workers, each worker voting through its own server as a
+replica's stall watch does.
+"""
+
+import contextlib
+import io
+import time
+
+from absl.testing import absltest
+import tensorflow as tf
+
+from ps_trainer import cluster
+from ps_trainer import hang_vote
+from ps_trainer import server as server_lib
+import inprocess_cluster
+import testutil
+
+tf.compat.v1.disable_eager_execution()
+
+ALL_STUCK = "so were the steps of all 3 replicas"
+FOLLOWED = "another replica found every replica's step stuck as long"
+
+
+class HangVoteTest(absltest.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cluster = inprocess_cluster.InProcessCluster(num_ps=1, num_workers=3)
+
+  def setUp(self):
+    super().setUp()
+    # What PS 0 does when it starts: the flags of the test before are gone.
+    server_lib.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
+    self.votes = [hang_vote.HangVote(self.cluster.targets[i], self.cluster.info("worker", i))
+                  for i in range(3)]
+
+  def flags(self):
+    """PS 0's hang flags: one per replica, then the count of agreed restarts."""
+    return list(server_lib.run_on_ps(
+        self.cluster.targets[0], self.cluster.info("worker", 0), [0], 10,
+        lambda: server_lib.hang_flags(3).read_value()))
+
+  def test_the_last_replica_stuck_decides_and_the_others_follow(self):
+    self.assertEqual(self.flags(), [0, 0, 0, 0])
+    self.assertIsNone(self.votes[0].verdict(may_decide=True))
+    self.assertIsNone(self.votes[1].verdict(may_decide=True))
+    self.assertEqual(self.flags(), [1, 1, 0, 0])
+    self.assertEqual(self.votes[2].verdict(may_decide=True), ALL_STUCK)
+    self.assertEqual(self.flags(), [0, 0, 0, 1])  # Cleared, and one agreed restart.
+    # A replica that follows needs no answer from its peers: they are starting again.
+    self.assertEqual(self.votes[0].verdict(may_decide=False), FOLLOWED)
+    self.assertEqual(self.votes[1].verdict(may_decide=True), FOLLOWED)
+
+  def test_a_replica_out_of_its_step_or_a_silent_peer_keeps_the_others_waiting(self):
+    self.assertIsNone(self.votes[0].verdict(may_decide=True))
+    self.votes[0].leave()  # Its step ended: a chief's save, say, holds up the others.
+    self.assertIsNone(self.votes[1].verdict(may_decide=True))
+    self.assertIsNone(self.votes[2].verdict(may_decide=True))
+    self.assertEqual(self.flags(), [0, 1, 1, 0])
+    # Stuck again, but a peer does not answer: its flag is set, nobody decides.
+    self.assertIsNone(self.votes[0].verdict(may_decide=False))
+    self.assertEqual(self.flags(), [1, 1, 1, 0])
+    self.assertIsNone(self.votes[1].verdict(may_decide=False))
+    self.assertEqual(self.votes[1].verdict(may_decide=True), ALL_STUCK)
+    self.assertEqual(self.votes[2].verdict(may_decide=True), FOLLOWED)
+
+  def test_a_vote_with_ps_0_gone_waits_on_at_once(self):
+    ps_port, worker_port = testutil.pick_free_ports(2)
+    info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
+    vote = hang_vote.HangVote("grpc://127.0.0.1:1", info, timeout_secs=5)
+    started = time.monotonic()
+    with contextlib.redirect_stderr(io.StringIO()):
+      self.assertIsNone(vote.verdict(may_decide=True))
+      vote.leave()
+    self.assertLess(time.monotonic() - started, 5)
+
+
+if __name__ == "__main__":
+  absltest.main()
