@@ -54,14 +54,18 @@ class HangVote:
     # The count of agreed restarts when this replica set its flag.
     self._restarts_at_join = None
 
-  def verdict(self, may_decide: bool) -> Optional[str]:
+  def verdict(self, may_decide: bool, may_begin: bool = True
+              ) -> Optional[str]:
     """Sets this replica's flag (its step looks hung) if it is not set yet;
     returns why this replica starts again now, or None: it waits on.
 
     `may_decide`: whether every peer answers now, without which this
-    replica may follow an agreement but not make one.
+    replica may follow an agreement but not make one. `may_begin`: whether
+    it may set the first flag; one in its session's first steps, which can
+    be slow, only joins a vote that another replica began (one that started
+    again in the middle of a hang, say).
     """
-    if self._restarts_at_join is None and not self._join():
+    if self._restarts_at_join is None and not self._join(may_begin):
       return None
     flags = self._run(lambda f: f.read_value())
     if flags is None:
@@ -80,12 +84,14 @@ class HangVote:
     self._restarts_at_join = None
     self._run(lambda f: tf.compat.v1.scatter_update(f, [self._index], [0]))
 
-  def _join(self) -> bool:
+  def _join(self, may_begin: bool) -> bool:
     """Sets this replica's flag; whether it did."""
     # The count first: a replica that sees this flag set and moves the count
     # on does so after this read, so this replica sees the count move.
     flags = self._run(lambda f: f.read_value())
-    if flags is None or self._run(lambda f: tf.compat.v1.scatter_update(
+    if flags is None or not (may_begin or any(flags[:self._count])):
+      return False
+    if self._run(lambda f: tf.compat.v1.scatter_update(
         f, [self._index], [1])) is None:
       return False
     self._restarts_at_join = int(flags[self._count])

@@ -277,8 +277,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _hang_bound(self) -> float:
     """How long a step may wait, while every peer answers, before it is
     taken for TF's repeat hang (HANG_STEP_FACTOR)."""
-    early = self._hang_restarts or self._hang_vote is not None
-    if not early or self._steps < STEPS_BEFORE_HANG_BOUND:
+    first_steps = self._steps < STEPS_BEFORE_HANG_BOUND
+    if self._hang_vote is not None and first_steps:
+      # It may only join a vote that another replica began (hang_vote.py).
+      return min(self._timeout, HANG_FLOOR_SECS)
+    if first_steps or not (self._hang_restarts or self._hang_vote is not None):
       return self._timeout
     return min(self._timeout,
                max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * self._longest_step))
@@ -288,15 +291,18 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     answers) for the restart of a step that counts as hung, or None."""
     if not self._can_restart() or self._step_started != started:
       return None  # Or no longer that step.
+    informed = self._steps >= STEPS_BEFORE_HANG_BOUND
     bound = (f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the longest of "
-             f"this session's steps, at least {HANG_FLOOR_SECS:.0f} s")
+             f"this session's steps, at least {HANG_FLOOR_SECS:.0f} s"
+             if informed else
+             f"past {hang_bound:.0f} s, in one of this session's first steps")
     vote = self._hang_vote
     if vote is None:
       return None if silent else (bound, True)
     if self._voted_in != started and silent:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
-    agreed = vote.verdict(may_decide=not silent)
+    agreed = vote.verdict(may_decide=not silent, may_begin=informed)
     return None if agreed is None else (f"{bound}; {agreed}", not silent)
 
   def _a_peer_silent_now(self) -> bool:

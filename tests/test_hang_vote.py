@@ -67,6 +67,13 @@ class HangVoteTest(absltest.TestCase):
     self.assertEqual(self.votes[1].verdict(may_decide=True), ALL_STUCK)
     self.assertEqual(self.votes[2].verdict(may_decide=True), FOLLOWED)
 
+  def test_a_replica_in_its_first_steps_joins_only_a_vote_begun(self):
+    self.assertIsNone(self.votes[0].verdict(may_decide=True, may_begin=False))
+    self.assertEqual(self.flags(), [0, 0, 0, 0])  # A slow first step: no vote begins.
+    self.assertIsNone(self.votes[1].verdict(may_decide=True))
+    self.assertIsNone(self.votes[2].verdict(may_decide=True, may_begin=False))
+    self.assertEqual(self.votes[0].verdict(may_decide=True, may_begin=False), ALL_STUCK)
+
   def test_a_vote_with_ps_0_gone_waits_on_at_once(self):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)

@@ -387,8 +387,9 @@ class _FakeVote:
     self._verdicts = list(verdicts)
     self.calls = []
 
-  def verdict(self, may_decide):
-    self.calls.append("verdict may decide" if may_decide else "verdict")
+  def verdict(self, may_decide, may_begin=True):
+    self.calls.append(("verdict may decide" if may_decide else "verdict")
+                      + ("" if may_begin else ", joining only"))
     return self._verdicts.pop(0) if self._verdicts else None
 
   def leave(self):
@@ -724,12 +725,13 @@ class StallWatchHookTest(absltest.TestCase):
                          "sync": dict(steps_before=enough, hang_restarts=False)}.items():
       self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
 
-  def sync_hang(self, verdicts, silent_from=math.inf):
+  def sync_hang(self, verdicts, silent_from=math.inf,
+                steps_before=stall_watch.STEPS_BEFORE_HANG_BOUND):
     """A sync replica's hung step (hung_step) with a hang vote whose verdicts at the looks past
     the bound (at 130 s and 140 s: the clock reads 119.99... at 120) are `verdicts`: (its
     restarts, the calls to its vote)."""
     vote = _FakeVote(verdicts)
-    stop = self.hung_step(steps_before=stall_watch.STEPS_BEFORE_HANG_BOUND, hang_restarts=False,
+    stop = self.hung_step(steps_before=steps_before, hang_restarts=False,
                           hang_vote=vote, silent_from=silent_from, until_secs=140)
     return stop.restarts, vote.calls
 
@@ -757,6 +759,14 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertRegex(reason, r"^a step waited 140 s \(past 120 s: .*; another replica found "
                      r"every replica's step stuck as long\)$")
     self.assertEqual(calls, ["leave", "verdict may decide", "verdict"])
+
+  def test_a_sync_replica_in_its_first_steps_only_joins_a_vote_begun(self):
+    # Started again in the middle of a hang of another replica, say: its first step is stuck too.
+    restarts, calls = self.sync_hang(["so were the steps of all 2 replicas"], steps_before=1)
+    (reason,) = restarts
+    self.assertRegex(reason, r"^a step waited 1[23]0 s \(past 120 s, in one of this session's first "
+                     r"steps; so were the steps of all 2 replicas\) while every peer answers$")
+    self.assertEqual(calls, ["leave", "verdict may decide, joining only"])
 
   def test_a_sync_replica_whose_step_ends_clears_its_flag(self):
     vote, clock = _FakeVote([]), _Clock()
