@@ -7,15 +7,16 @@ tell that alone: its step also waits, legitimately, for the other replicas'
 gradients, so one replica's hung step stalls every replica, and so does a
 chief writing a checkpoint or a worker starting again.
 
-What tells them apart: in each legitimate wait some replica is not in a step
-(the chief saving, a worker starting), while a hang leaves every replica in
-one. So each replica whose step is past the bound, with every peer
-answering, sets its flag on PS 0 (server.hang_flags); one that then finds
-every flag set starts again, and clears the flags and moves the count of
-agreed restarts on, so that the others start again too: the hung one is
-among them, and no one can tell which it is. A replica whose step ends
-clears its flag, and so does each new session of a replica (one stopped
-while its flag was set).
+What tells them apart: in the long legitimate waits we know of, some
+replica is not in a step (the chief saving, a worker starting), while a hang
+leaves every replica in one. So each replica whose step is past the bound,
+with every peer answering, sets its flag on PS 0 (server.hang_flags); one
+that then finds every flag set starts again, and clears the flags and moves
+the count of agreed restarts on, so that the others start again too: the
+hung one is among them, and no one can tell which it is. A replica whose
+step ends clears its flag, and so does each new session of a replica (one
+stopped while its flag was set), trying again until that works: a flag left
+set could complete a vote in a legitimate wait.
 """
 
 import threading
@@ -27,13 +28,6 @@ from ps_trainer import cluster as cluster_lib
 from ps_trainer import errors
 from ps_trainer import server as server_lib
 from ps_trainer import waits
-
-# The errors of a vote's run on PS 0 that leave the vote undecided: it is
-# taken again at the next look, and --wait_timeout_secs bounds the step.
-_RUN_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-               tf.errors.AbortedError, tf.errors.CancelledError,
-               tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
-
 
 class HangVote:
   """One sync replica's part in the vote, run from its stall watch's thread.
@@ -53,6 +47,7 @@ class HangVote:
     self._count = info.num_workers
     # The count of agreed restarts when this replica set its flag.
     self._restarts_at_join = None
+    self._running = None  # The thread of the last run on PS 0.
 
   def verdict(self, may_decide: bool, may_begin: bool = True
               ) -> Optional[str]:
@@ -70,7 +65,8 @@ class HangVote:
     flags = self._run(lambda f: f.read_value())
     if flags is None:
       return None
-    if flags[self._count] != self._restarts_at_join:
+    # Moved on, not merely changed: a PS 0 started again counts from 0.
+    if flags[self._count] > self._restarts_at_join:
       return "another replica found every replica's step stuck as long"
     if not (may_decide and all(flags[:self._count])):
       return None
@@ -79,10 +75,21 @@ class HangVote:
       return None
     return f"so were the steps of all {self._count} replicas"
 
-  def leave(self) -> None:
-    """Clears this replica's flag: its step ended, or a session starts."""
+  def leave(self) -> bool:
+    """Clears this replica's flag (its step ended, or a session starts);
+    whether it is clear now. A flag left set could complete a vote in a
+    rightful wait, so the caller tries again until it is.
+
+    It reads first and writes only a flag that is set: a write to PS 0 at
+    each session start is what server.clear_done keeps to the case that
+    needs it.
+    """
     self._restarts_at_join = None
-    self._run(lambda f: tf.compat.v1.scatter_update(f, [self._index], [0]))
+    flags = self._run(lambda f: f.read_value())
+    if flags is None:
+      return False
+    return not flags[self._index] or self._run(
+        lambda f: tf.compat.v1.scatter_update(f, [self._index], [0])) is not None
 
   def _join(self, may_begin: bool) -> bool:
     """Sets this replica's flag; whether it did."""
@@ -100,11 +107,16 @@ class HangVote:
   def _run(self, make_fetch):
     """make_fetch(PS 0's hang flags), run; None when the run failed.
 
-    On a thread of its own, waited for `timeout_secs`: TF creates a session
+    A failed run leaves the vote undecided: it is taken again at the next
+    look, and --wait_timeout_secs still bounds the step. The run is on a
+    thread of its own, waited for `timeout_secs`: TF creates a session
     without any bound when a task it needs does not answer, and the stall
-    watch that votes must never block on one.
+    watch that votes must never block on one. While such a run waits, no
+    other starts.
     """
     who = self._info.replica_name(self._index)
+    if self._running is not None and self._running.is_alive():
+      return None  # Its warning was said.
     if not waits.reachable(self._info.jobs["ps"][0], timeout_secs=1.0):
       return None  # The step's notes name it.
     outcome = {}
@@ -114,13 +126,16 @@ class HangVote:
         outcome["value"] = server_lib.run_on_ps(
             self._target, self._info, [0], self._timeout,
             lambda: make_fetch(server_lib.hang_flags(self._count)))
-      except _RUN_ERRORS as e:
-        outcome["error"] = errors.first_line(str(e))
+      except tf.errors.OpError as e:
+        outcome["error"] = errors.first_line(e.message)
+      except Exception as e:  # pylint: disable=broad-except
+        # Not TF's: a vote that fails must still leave the watch to its bound.
+        outcome["error"] = f"{type(e).__name__}: {errors.first_line(str(e))}"
 
-    thread = threading.Thread(target=run, name="ps_trainer_hang_vote",
-                              daemon=True)
-    thread.start()
-    thread.join(self._timeout)
+    self._running = threading.Thread(target=run, name="ps_trainer_hang_vote",
+                                     daemon=True)
+    self._running.start()
+    self._running.join(self._timeout)
     if "value" in outcome:
       return outcome["value"]
     failure = outcome.get("error", f"no answer within {self._timeout:.0f} s")

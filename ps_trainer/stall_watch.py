@@ -6,6 +6,7 @@ A thread of this hook notices, names whom the task waits for, and ends the
 task, or starts it again when every peer answers (stops.StopRequest).
 """
 
+import collections
 import threading
 import time
 from typing import Callable, Optional
@@ -34,6 +35,13 @@ START_TIMEOUTS = 4
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
 STEPS_BEFORE_HANG_BOUND = 10
+# A sync step's length includes rightful waits (a checkpoint save, a peer
+# starting again, a hang another replica restarted for), and one such wait
+# as the longest step would put the bound out of reach for the session: a
+# sync replica's bound counts from the 99th percentile of its recent steps.
+RECENT_STEPS = 1000
+# How often a replica tries again to clear its hang-vote flag.
+LEAVE_RETRY_SECS = 5.0
 
 # What a task does outside its steps, each bounded as above.
 _STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
@@ -120,6 +128,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._hang_restarts = hang_restarts
     self._hang_vote = hang_vote
     self._voted_in = None  # The step whose hang vote this replica is in.
+    # Whether its flag may be set still, and when to try clearing it next.
+    self._leave_owed, self._next_leave = False, 0.0
+    self._recent_steps = collections.deque(maxlen=RECENT_STEPS)
     self._clock = clock
     self._timeout = timeout_secs
     self._note_every = note_every_secs
@@ -143,6 +154,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = None
     self._training_since = None
     self._steps, self._longest_step = 0, 0.0
+    self._recent_steps.clear()
     if not self._outside_is(_STARTING):  # Not a failed attempt made again.
       self._outside = (_STARTING, self._clock())
     self._watch_in_background()
@@ -154,7 +166,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     if self._hang_vote is not None:
       # Its flag may be set still, if it was stopped or restarted mid-vote.
-      self._hang_vote.leave()
+      # The watch's thread clears it: every call into the vote is made there.
+      self._leave_owed, self._next_leave = True, 0.0
     self._watch_in_background()
 
   def before_run(self, run_context):
@@ -166,7 +179,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     if self._step_started is not None:
       self._steps += 1
       if self._steps > STEPS_BEFORE_HANG_BOUND:
-        self._longest_step = max(self._longest_step, now - self._step_started)
+        took = now - self._step_started
+        self._longest_step = max(self._longest_step, took)
+        self._recent_steps.append(took)
     self._step_started = None
     self._outside = (_AFTER_STEP, now)
     if self._training_since is None:
@@ -218,7 +233,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       started = self._step_started
       if self._voted_in is not None and started != self._voted_in:
         self._voted_in = None  # That step ended.
-        self._hang_vote.leave()
+        self._leave_owed, self._next_leave = True, 0.0
+      self._leave_if_owed()
       if started is None:
         continue
       if started != step:
@@ -242,6 +258,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
         silent = silent or self._silent_when_named()
         next_note += self._note_every
+
+  def _leave_if_owed(self) -> None:
+    """Clears this replica's hang-vote flag, if it may be set, and tries
+    again every LEAVE_RETRY_SECS until that works."""
+    now = self._clock()
+    if not self._leave_owed or now < self._next_leave:
+      return
+    self._next_leave = now + LEAVE_RETRY_SECS
+    if self._hang_vote.leave():
+      self._leave_owed = False
 
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
@@ -278,13 +304,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     """How long a step may wait, while every peer answers, before it is
     taken for TF's repeat hang (HANG_STEP_FACTOR)."""
     first_steps = self._steps < STEPS_BEFORE_HANG_BOUND
-    if self._hang_vote is not None and first_steps:
-      # It may only join a vote that another replica began (hang_vote.py).
-      return min(self._timeout, HANG_FLOOR_SECS)
-    if first_steps or not (self._hang_restarts or self._hang_vote is not None):
+    if self._hang_vote is not None:
+      if first_steps:  # It may only join a vote another replica began.
+        return min(self._timeout, HANG_FLOOR_SECS)
+      recent = sorted(self._recent_steps)
+      step = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
+    elif first_steps or not self._hang_restarts:
       return self._timeout
-    return min(self._timeout,
-               max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * self._longest_step))
+    else:
+      step = self._longest_step
+    return min(self._timeout, max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * step))
 
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: (the bound, whether every peer
@@ -292,18 +321,22 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     if not self._can_restart() or self._step_started != started:
       return None  # Or no longer that step.
     informed = self._steps >= STEPS_BEFORE_HANG_BOUND
-    bound = (f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x the longest of "
-             f"this session's steps, at least {HANG_FLOOR_SECS:.0f} s"
-             if informed else
-             f"past {hang_bound:.0f} s, in one of this session's first steps")
     vote = self._hang_vote
+    steps = ("the longest of this session's steps" if vote is None else
+             "99% of this session's recent steps")
+    bound = (f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x {steps}, at "
+             f"least {HANG_FLOOR_SECS:.0f} s" if informed else
+             f"past {hang_bound:.0f} s, in one of this session's first steps")
     if vote is None:
       return None if silent else (bound, True)
     if self._voted_in != started and silent:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
+    self._leave_owed = False  # Its flag is this step's now.
     agreed = vote.verdict(may_decide=not silent, may_begin=informed)
-    return None if agreed is None else (f"{bound}; {agreed}", not silent)
+    if agreed is None or self._step_started != started:
+      return None  # Or the step ended while it voted.
+    return f"{bound}; {agreed}", not silent
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""

@@ -74,6 +74,20 @@ class HangVoteTest(absltest.TestCase):
     self.assertIsNone(self.votes[2].verdict(may_decide=True, may_begin=False))
     self.assertEqual(self.votes[0].verdict(may_decide=True, may_begin=False), ALL_STUCK)
 
+  def test_leave_clears_a_set_flag_and_a_ps_started_again_is_no_agreement(self):
+    self.assertTrue(self.votes[0].leave())  # Nothing to clear.
+    self.assertIsNone(self.votes[0].verdict(may_decide=True))
+    self.assertIsNone(self.votes[1].verdict(may_decide=True))
+    self.assertTrue(self.votes[0].leave())
+    self.assertEqual(self.flags(), [0, 1, 0, 0])
+    for vote in self.votes:
+      vote.verdict(may_decide=True)  # An agreement: the count is 1.
+    self.assertTrue(self.votes[0].leave())  # Its new session.
+    self.assertIsNone(self.votes[0].verdict(may_decide=True))  # Stuck again, at count 1.
+    # PS 0 started again: its flags and count are zero, which is not a count moved on.
+    server_lib.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
+    self.assertIsNone(self.votes[0].verdict(may_decide=True))
+
   def test_a_vote_with_ps_0_gone_waits_on_at_once(self):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)

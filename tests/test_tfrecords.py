@@ -274,20 +274,6 @@ class WriteExamplesTest(absltest.TestCase):
     self.assertFalse(os.path.exists(path))
 
 
-class AutoGraphTest(absltest.TestCase):
-
-  def test_pipelines_leave_no_autograph_files(self):
-    directory = testutil.make_tempdir(self)
-    _write_set(directory)
-    records = record_checks.inspect(directory)
-
-    def build():
-      with tf.Graph().as_default():
-        tfrecords.train_dataset(records, 4, 1, 0, 0)
-        tfrecords.test_dataset(records, 4)
-    self.assertEqual(testutil.autograph_files_written(self, build), [])
-
-
 class FindBadRecordTest(absltest.TestCase):
 
   def test_names_the_corrupt_file_and_record(self):

@@ -82,21 +82,6 @@ def make_tempdir(test, prefix: str = "ps_trainer_test_") -> str:
   return path
 
 
-def autograph_files_written(test, build) -> List[str]:
-  """The files AutoGraph wrote to the temporary directory during build().
-
-  It writes each function it converts to such a file, removed only at a
-  normal exit; tf.data functions of ps_trainer must not leave any.
-  """
-  directory, before = make_tempdir(test), tempfile.tempdir
-  tempfile.tempdir = directory
-  try:
-    build()
-  finally:
-    tempfile.tempdir = before
-  return [name for name in os.listdir(directory) if "autograph" in name]
-
-
 def tail(path: str, lines: int) -> str:
   """The last `lines` lines of a log file, or why there is none."""
   try:
