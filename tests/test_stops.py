@@ -404,6 +404,27 @@ class _FakeVote:
     return self._leaves.pop(0) if self._leaves else True
 
 
+def _stuck_after(steps, stop, clock, silent_from, **watch_args):
+  """A watch (600 s bound, a note every 10 s) over steps that take `steps` s each, then one that
+  never returns (TF's repeat hang), begun: (the hook, when that step began). A peer does not
+  answer from `silent_from` s into that step on."""
+  began = [math.inf]
+  hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=600,
+                                    note_every_secs=10, restart_if=lambda: True,
+                                    silent_when_named=lambda: clock.now - began[0] >= silent_from,
+                                    clock=clock, **watch_args)
+  hook.after_create_session(None, None)
+  for took in steps:
+    clock.now += 1.0
+    hook.before_run(None)
+    clock.now += took
+    hook.after_run(None, None)
+  clock.now += 1.0
+  hook.before_run(None)
+  began[0] = clock.now
+  return hook, began[0]
+
+
 def _wait_for(condition, secs: float = 10.0) -> None:
   """Polls `condition` until it holds or `secs` pass (the watch runs on its own thread)."""
   deadline = time.monotonic() + secs
@@ -697,22 +718,12 @@ class StallWatchHookTest(absltest.TestCase):
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop, clock = _RestartingStop("worker 1"), _Clock()
-    started = math.inf
-    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=600,
-                                      note_every_secs=10, poll_secs=0.02,
-                                      restart_if=lambda: True,
-                                      silent_when_named=lambda: clock.now - started >= silent_from,
-                                      hang_restarts=hang_restarts, clock=clock)
+    steps = [0.001] * steps_before
+    if steps:
+      steps[-1] = longest_step_secs
     with contextlib.redirect_stdout(io.StringIO()):
-      hook.after_create_session(None, None)
-      for step in range(steps_before):
-        clock.now += 1.0
-        hook.before_run(None)
-        clock.now += longest_step_secs if step == steps_before - 1 else 0.001
-        hook.after_run(None, None)
-      clock.now += 1.0
-      hook.before_run(None)  # TF's repeat hang: it never returns.
-      started = clock.now
+      hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.02,
+                                   hang_restarts=hang_restarts)
       for waited in range(10, 140, 10):  # The watch names it every 10 s on the way.
         clock.now = started + waited
         time.sleep(0.1)
@@ -750,24 +761,11 @@ class StallWatchHookTest(absltest.TestCase):
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop, clock = _RestartingStop("worker 1"), _Clock()
     vote = _FakeVote(verdicts, leaves)
-    started = math.inf
-    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=600,
-                                      note_every_secs=10, poll_secs=0.01,
-                                      restart_if=lambda: True,
-                                      silent_when_named=lambda: clock.now - started >= silent_from,
-                                      hang_vote=vote, clock=clock)
-    if step_ends_in_verdict:
-      vote.on_verdict = lambda: hook.after_run(None, None)
     with contextlib.redirect_stdout(io.StringIO()):
-      hook.after_create_session(None, None)
-      for took in steps:
-        clock.now += 1.0
-        hook.before_run(None)
-        clock.now += took
-        hook.after_run(None, None)
-      clock.now += 1.0
-      hook.before_run(None)  # TF's repeat hang: it never returns.
-      started = clock.now
+      hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.01,
+                                   hang_vote=vote)
+      if step_ends_in_verdict:
+        vote.on_verdict = lambda: hook.after_run(None, None)
       for waited in looks:
         verdicts_before = vote.verdicts
         clock.now = started + waited
