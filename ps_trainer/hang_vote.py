@@ -10,7 +10,7 @@ chief writing a checkpoint or a worker starting again.
 What tells them apart: in the long legitimate waits we know of, some
 replica is not in a step (the chief saving, a worker starting), while a hang
 leaves every replica in one. So each replica whose step is past the bound,
-with every peer answering, sets its flag on PS 0 (server.hang_flags); one
+with every peer answering, sets its flag on PS 0 (ps_flags.hang_flags); one
 that then finds every flag set starts again, and clears the flags and moves
 the count of agreed restarts on, so that the others start again too: the
 hung one is among them, and no one can tell which it is. A replica whose
@@ -26,8 +26,9 @@ import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import errors
-from ps_trainer import server as server_lib
+from ps_trainer import ps_flags
 from ps_trainer import waits
+
 
 class HangVote:
   """One sync replica's part in the vote, run from its stall watch's thread.
@@ -81,7 +82,7 @@ class HangVote:
     rightful wait, so the caller tries again until it is.
 
     It reads first and writes only a flag that is set: a write to PS 0 at
-    each session start is what server.clear_done keeps to the case that
+    each session start is what ps_flags.clear_done keeps to the case that
     needs it.
     """
     self._restarts_at_join = None
@@ -123,9 +124,9 @@ class HangVote:
 
     def run():
       try:
-        outcome["value"] = server_lib.run_on_ps(
+        outcome["value"] = ps_flags.run_on_ps(
             self._target, self._info, [0], self._timeout,
-            lambda: make_fetch(server_lib.hang_flags(self._count)))
+            lambda: make_fetch(ps_flags.hang_flags(self._count)))
       except tf.errors.OpError as e:
         outcome["error"] = errors.first_line(e.message)
       except Exception as e:  # pylint: disable=broad-except

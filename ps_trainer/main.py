@@ -93,6 +93,7 @@ def _run_task(cfg) -> int:
   from ps_trainer import export
   from ps_trainer import finished_run
   from ps_trainer import models
+  from ps_trainer import ps_task
   from ps_trainer import run_signature
   from ps_trainer import server as server_lib
   from ps_trainer import trainer
@@ -104,7 +105,7 @@ def _run_task(cfg) -> int:
   dataset = None
   try:
     if info is not None and info.is_ps:
-      return server_lib.run_ps(info, stop, cfg.train.wait_timeout_secs)
+      return ps_task.run_ps(info, stop, cfg.train.wait_timeout_secs)
     dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
                         cfg.data.data_path)
     if info is not None and info.job_name == "evaluator":

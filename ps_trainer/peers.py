@@ -5,9 +5,9 @@ waits for, and what it still owes them when it leaves.
 import os
 
 from ps_trainer import errors
+from ps_trainer import ps_flags
 from ps_trainer import repeats
 from ps_trainer import run_signature
-from ps_trainer import server as server_lib
 from ps_trainer import waits
 
 
@@ -39,7 +39,7 @@ class Peers:
 
   def wait(self) -> None:
     """Before each session: waits, saying so, for the PS tasks, then the chief,
-    then tells the PS tasks this replica trains (server.clear_done).
+    then tells the PS tasks this replica trains (ps_flags.clear_done).
 
     Raises:
       run_signature.MismatchError: this worker's training flags differ from
@@ -54,7 +54,7 @@ class Peers:
     if not self._info.is_chief:
       self._wait_for_chief()
     # After a stop and a restart this replica's done flag is still set.
-    server_lib.clear_done(self._target, self._info)
+    ps_flags.clear_done(self._target, self._info)
 
   def _wait_for_chief(self) -> None:
     """MonitoredTrainingSession would wait too, but checks only every 30 s,
@@ -162,4 +162,4 @@ class Peers:
       self._signal_done(timeout_secs=5 if self._stop.requested else 30)
 
   def _signal_done(self, timeout_secs: float) -> None:
-    server_lib.signal_done(self._target, self._info, timeout_secs=timeout_secs)
+    ps_flags.signal_done(self._target, self._info, timeout_secs=timeout_secs)

@@ -16,9 +16,9 @@ from ps_trainer import models
 from ps_trainer import optimizers
 from ps_trainer import packing
 from ps_trainer import placement
+from ps_trainer import ps_flags
 from ps_trainer import resume
 from ps_trainer import run_signature
-from ps_trainer import server as server_lib
 from ps_trainer import sync
 from ps_trainer import sync_replicas
 from ps_trainer import waits
@@ -46,7 +46,7 @@ class TrainGraph:
   model_variables: list
   model_not_ready: tf.Tensor
   sync_optimizer: Optional[sync_replicas.SyncOptimizer]
-  done_signals: Optional[server_lib.DoneSignals]
+  done_signals: Optional[ps_flags.DoneSignals]
   # The chief's run signature on the PS (see run_signature.py), whether it
   # is there yet, and this task's own.
   signature: tf.Variable
@@ -138,7 +138,7 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       # --log_dir, so bare hosts need no shared file system.
       saver = chief_start.saver(sharded=False, max_to_keep=5,
                                 save_relative_paths=True)
-    done_signals = server_lib.DoneSignals(info) if info else None
+    done_signals = ps_flags.DoneSignals(info) if info else None
   return TrainGraph(
       graph=graph, global_step=global_step, global_step_read=global_step_read,
       applied_step=applied_step, loss=loss, train_op=train_op,

@@ -16,6 +16,7 @@ from typing import List
 import tensorflow as tf
 
 from ps_trainer import cluster
+from ps_trainer import ps_flags
 from ps_trainer import server as server_lib
 import testutil
 
@@ -47,7 +48,7 @@ class InProcessCluster:
       self.ps_targets = [s.target for s in servers[:num_ps]]
       self.targets = [s.target for s in servers[num_ps:]]
       for i, target in enumerate(self.ps_targets):
-        server_lib.init_done_flags(target, self.info("ps", i))
+        ps_flags.init_done_flags(target, self.info("ps", i))
       return
 
   def info(self, job_name: str, task_index: int) -> cluster.ClusterInfo:

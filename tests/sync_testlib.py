@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import placement
+from ps_trainer import ps_flags
 from ps_trainer import server as server_lib
 from ps_trainer import sync
 from ps_trainer import sync_replicas
@@ -86,7 +87,7 @@ class Replica:
         self.train_op = optimizer.apply_gradients(
             [(grads[k], v) for k, v in self.variables.items()],
             global_step=self.global_step)
-      self.done_signals = server_lib.DoneSignals(self.info)
+      self.done_signals = ps_flags.DoneSignals(self.info)
       self.init_op = tf.compat.v1.global_variables_initializer()
     self.session = None
 
@@ -139,7 +140,7 @@ class Replica:
     """How many replicas have set their done flag on each PS."""
     graph = tf.Graph()  # self.graph is final: new ops need their own graph.
     with graph.as_default():
-      counts = [tf.reduce_sum(server_lib.done_flags(i, self.info.num_workers))
+      counts = [tf.reduce_sum(ps_flags.done_flags(i, self.info.num_workers))
                 for i in range(self.info.num_ps)]
       with tf.compat.v1.Session(self.target, config=self.config) as session:
         return [int(n) for n in session.run(counts, options=run_options())]

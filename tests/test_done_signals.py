@@ -12,6 +12,7 @@ from absl.testing import absltest
 import tensorflow as tf
 
 from ps_trainer import cluster
+from ps_trainer import ps_flags
 from ps_trainer import server as server_lib
 import testutil
 
@@ -26,7 +27,7 @@ class DoneSignalsTest(absltest.TestCase):
     # Before, creating the session waited for an absent PS without bound (a worker stopped while
     # it waited for its PS stayed until its 20 s grace ran out); a thread keeps this test bounded.
     leaving = threading.Thread(
-        target=server_lib.signal_done, args=(target, info),
+        target=ps_flags.signal_done, args=(target, info),
         kwargs={"timeout_secs": 5}, daemon=True)
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
@@ -39,7 +40,7 @@ class DoneSignalsTest(absltest.TestCase):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
     warnings = self._leave(info)
-    # As the trainer's other lines read, not in absl's format ("W1125 13:36:42.23 ... server.py:139]").
+    # As the trainer's other lines read, not in absl's format ("W1125 13:36:42.23 ... ps_flags.py:139]").
     self.assertIn(f"\nps_trainer: warning: could not tell ps 0 at 127.0.0.1:{ps_port} that this "
                   "worker is done: not answering\n", "\n" + warnings)
 
@@ -48,7 +49,7 @@ class DoneSignalsTest(absltest.TestCase):
     hosts = (f"127.0.0.1:{ps0_port},127.0.0.1:{ps1_port}", f"127.0.0.1:{worker_port}")
     ps0 = cluster.from_flags(*hosts, "ps", 0)
     ps0_target = server_lib.start_server(ps0).target
-    server_lib.init_done_flags(ps0_target, ps0)  # As run_ps does first.
+    ps_flags.init_done_flags(ps0_target, ps0)  # As run_ps does first.
 
     warnings = self._leave(cluster.from_flags(*hosts, "worker", 0))
 
@@ -62,15 +63,15 @@ class DoneSignalsTest(absltest.TestCase):
     hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
     ps = cluster.from_flags(*hosts, "ps", 0)
     ps_target = server_lib.start_server(ps).target
-    server_lib.init_done_flags(ps_target, ps)
+    ps_flags.init_done_flags(ps_target, ps)
     worker1 = cluster.from_flags(*hosts, "worker", 1)
     worker1_target = server_lib.start_server(worker1).target
 
-    server_lib.signal_done(worker1_target, worker1, timeout_secs=5)  # Stopped by a SIGTERM.
+    ps_flags.signal_done(worker1_target, worker1, timeout_secs=5)  # Stopped by a SIGTERM.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
-    server_lib.clear_done(worker1_target, worker1)  # Started again, before its session.
+    ps_flags.clear_done(worker1_target, worker1)  # Started again, before its session.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 0])
-    server_lib.signal_done(worker1_target, worker1, timeout_secs=5)  # Finished.
+    ps_flags.signal_done(worker1_target, worker1, timeout_secs=5)  # Finished.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
 
   def test_a_replica_waits_for_a_ps_that_has_not_yet_made_its_flags(self):
@@ -85,11 +86,11 @@ class DoneSignalsTest(absltest.TestCase):
 
     with self.assertRaisesRegex(tf.errors.UnavailableError,
                                 r"^a PS did not take this replica's done flag: "):
-      server_lib.clear_done(chief_target, chief, timeout_secs=1)  # No flags made: retried.
-    making = threading.Timer(1.0, server_lib.init_done_flags, args=(ps_target, ps))
+      ps_flags.clear_done(chief_target, chief, timeout_secs=1)  # No flags made: retried.
+    making = threading.Timer(1.0, ps_flags.init_done_flags, args=(ps_target, ps))
     making.start()
     self.addCleanup(making.cancel)
-    server_lib.clear_done(chief_target, chief, timeout_secs=30)
+    ps_flags.clear_done(chief_target, chief, timeout_secs=30)
     making.join()
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 0])
 
@@ -97,7 +98,7 @@ class DoneSignalsTest(absltest.TestCase):
     """PS 0's done flags, read as the PS reads them."""
     graph = tf.Graph()
     with graph.as_default():
-      flags = server_lib.done_flags(0, num_workers)
+      flags = ps_flags.done_flags(0, num_workers)
     with tf.compat.v1.Session(ps_target, graph=graph, config=server_lib.session_config(ps)) as s:
       return [int(f) for f in s.run(flags.read_value())]
 

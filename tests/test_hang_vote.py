@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from ps_trainer import cluster
 from ps_trainer import hang_vote
-from ps_trainer import server as server_lib
+from ps_trainer import ps_flags
 import inprocess_cluster
 import testutil
 
@@ -33,15 +33,15 @@ class HangVoteTest(absltest.TestCase):
   def setUp(self):
     super().setUp()
     # What PS 0 does when it starts: the flags of the test before are gone.
-    server_lib.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
+    ps_flags.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
     self.votes = [hang_vote.HangVote(self.cluster.targets[i], self.cluster.info("worker", i))
                   for i in range(3)]
 
   def flags(self):
     """PS 0's hang flags: one per replica, then the count of agreed restarts."""
-    return list(server_lib.run_on_ps(
+    return list(ps_flags.run_on_ps(
         self.cluster.targets[0], self.cluster.info("worker", 0), [0], 10,
-        lambda: server_lib.hang_flags(3).read_value()))
+        lambda: ps_flags.hang_flags(3).read_value()))
 
   def test_the_last_replica_stuck_decides_and_the_others_follow(self):
     self.assertEqual(self.flags(), [0, 0, 0, 0])
@@ -85,7 +85,7 @@ class HangVoteTest(absltest.TestCase):
     self.assertTrue(self.votes[0].leave())  # Its new session.
     self.assertIsNone(self.votes[0].verdict(may_decide=True))  # Stuck again, at count 1.
     # PS 0 started again: its flags and count are zero, which is not a count moved on.
-    server_lib.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
+    ps_flags.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
     self.assertIsNone(self.votes[0].verdict(may_decide=True))
 
   def test_a_vote_with_ps_0_gone_waits_on_at_once(self):

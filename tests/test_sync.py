@@ -15,6 +15,8 @@ import time
 import tensorflow as tf
 
 from ps_trainer import cluster
+from ps_trainer import ps_flags
+from ps_trainer import ps_task
 from ps_trainer import resume
 from ps_trainer import server as server_lib
 from ps_trainer import sync_replicas
@@ -58,7 +60,7 @@ class PsLifecycleTest(tf.test.TestCase):
     """run_ps on a thread, under the caller's redirect of stdout to `output`; returns
     (the thread, the list its status goes to) once the PS serves."""
     statuses = []
-    ps = threading.Thread(target=lambda: statuses.append(server_lib.run_ps(
+    ps = threading.Thread(target=lambda: statuses.append(ps_task.run_ps(
         info, stop, poll_secs=0.05, probe_every_secs=0.1, **run_ps_args)), daemon=True)
     ps.start()
     waits.wait_until(lambda: f"waiting for {info.num_workers} worker(s)" in output.getvalue(),
@@ -70,7 +72,7 @@ class PsLifecycleTest(tf.test.TestCase):
     output = io.StringIO()
     start = time.monotonic()
     with contextlib.redirect_stdout(output):
-      status = server_lib.run_ps(info, stop, wait_timeout_secs, poll_secs=0.05,
+      status = ps_task.run_ps(info, stop, wait_timeout_secs, poll_secs=0.05,
                                  probe_every_secs=0.1)
     return status, time.monotonic() - start, output.getvalue().splitlines(), worker_ports
 
@@ -174,7 +176,7 @@ class PsLifecycleTest(tf.test.TestCase):
     """Sets one replica's done flag on PS 0, as that replica does when it leaves."""
     graph = tf.Graph()
     with graph.as_default():
-      flags = server_lib.done_flags(0, num_workers)
+      flags = ps_flags.done_flags(0, num_workers)
       done = tf.compat.v1.scatter_update(flags, [replica], [1])
     # Seeing the PS alone, as a worker would: the master waits for every task it sees.
     only_ps = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
@@ -186,15 +188,15 @@ class PsLifecycleTest(tf.test.TestCase):
     with_chief = cluster.parse_tf_config(json.dumps({
         "cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
         "task": {"type": "ps", "index": 0}}))
-    self.assertEqual(server_lib.not_done_names(with_chief, [0, 1, 0]),
+    self.assertEqual(ps_task.not_done_names(with_chief, [0, 1, 0]),
                      "chief at c:1, worker 1 at w1:1")
     # A sparse PS sees only itself, so it cannot tell whether replica 0 is a chief.
     sparse = cluster.parse_tf_config(json.dumps({
         "sparseCluster": {"worker": {}, "ps": ["p:1"]}, "task": {"type": "ps", "index": 0}}),
         num_workers=3)
-    self.assertEqual(server_lib.not_done_names(sparse, [1, 0, 0]), "replica 1, replica 2")
+    self.assertEqual(ps_task.not_done_names(sparse, [1, 0, 0]), "replica 1, replica 2")
     many = cluster.from_flags("p:1", ",".join(f"w{i}:1" for i in range(8)), "ps", 0)
-    self.assertEqual(server_lib.not_done_names(many, [0] * 8),
+    self.assertEqual(ps_task.not_done_names(many, [0] * 8),
                      "worker 0 at w0:1, worker 1 at w1:1, worker 2 at w2:1, worker 3 at w3:1, "
                      "worker 4 at w4:1 and 3 more")
 

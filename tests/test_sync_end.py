@@ -12,7 +12,7 @@ import time
 import tensorflow as tf
 
 from ps_trainer import hooks as hooks_lib
-from ps_trainer import server as server_lib
+from ps_trainer import ps_flags
 from ps_trainer import session as session_lib
 from ps_trainer import sync
 from inprocess_cluster import InProcessCluster
@@ -77,7 +77,7 @@ class CleanEndTest(sync_testlib.SyncTestCase):
 
   Wired as trainer.train wires it: StopAtStepHook and SyncReplicasHook in a
   MonitoredTrainingSession; after the session closes, each replica sets its
-  done flag on every PS (server.signal_done); the chief's hook counts the
+  done flag on every PS (ps_flags.signal_done); the chief's hook counts the
   others' flags on PS 0 (DoneSignals.others_done) and hands out sync tokens
   until every other replica has finished.
   """
@@ -137,7 +137,7 @@ class CleanEndTest(sync_testlib.SyncTestCase):
     start = time.monotonic()
     r.session.close()
     close_secs = time.monotonic() - start
-    server_lib.signal_done(r.target, r.info, timeout_secs=10)
+    ps_flags.signal_done(r.target, r.info, timeout_secs=10)
     return close_secs
 
   def test_two_workers_stop_at_the_last_step(self):
