@@ -17,6 +17,13 @@ hung one is among them, and no one can tell which it is. A replica whose
 step ends clears its flag, and so does each new session of a replica (one
 stopped while its flag was set), trying again until that works: a flag left
 set could complete a vote in a legitimate wait.
+
+With backup workers (--replicas_to_aggregate below the workers) one hung
+replica stalls no other, so no vote completes. There the hung one tells by
+the global step: every global step gives each replica a token that ends its
+step, so a step that stays stuck while the global step moves on is hung
+(HangVote.global_step; the stall watch compares two reads). Without backup
+workers the global step cannot move twice while one replica is stuck.
 """
 
 import threading
@@ -36,13 +43,18 @@ class HangVote:
   Args:
     target: this task's server target.
     info: this task's ClusterInfo.
-    timeout_secs: the bound on each run on PS 0.
+    global_step_device: the device of the global step, e.g. "/job:ps/task:1".
+    timeout_secs: the bound on each run on a PS.
   """
 
   def __init__(self, target: str, info: cluster_lib.ClusterInfo,
+               global_step_device: str = "/job:ps/task:0",
                timeout_secs: float = 10.0):
     self._target = target
     self._info = info
+    self._global_step_device = global_step_device
+    self._global_step_ps = tf.DeviceSpec.from_string(
+        global_step_device).task or 0
     self._timeout = timeout_secs
     self._index = info.replica_index
     self._count = info.num_workers
@@ -92,6 +104,17 @@ class HangVote:
     return not flags[self._index] or self._run(
         lambda f: tf.compat.v1.scatter_update(f, [self._index], [0])) is not None
 
+  def global_step(self) -> Optional[int]:
+    """The global step now, read from its PS; None when that failed."""
+
+    def read():
+      with tf.device(self._global_step_device):
+        # Made as the training graph makes it, so the same variable on the PS.
+        return tf.compat.v1.train.get_or_create_global_step().read_value()
+
+    value = self._run_on(self._global_step_ps, read, "read the global step")
+    return None if value is None else int(value)
+
   def _join(self, may_begin: bool) -> bool:
     """Sets this replica's flag; whether it did."""
     # The count first: a replica that sees this flag set and moves the count
@@ -106,7 +129,12 @@ class HangVote:
     return True
 
   def _run(self, make_fetch):
-    """make_fetch(PS 0's hang flags), run; None when the run failed.
+    """make_fetch(PS 0's hang flags), run; None when the run failed."""
+    return self._run_on(0, lambda: make_fetch(ps_flags.hang_flags(self._count)),
+                        "take part in the vote on a hung sync step")
+
+  def _run_on(self, ps_index: int, build, doing: str):
+    """build()'s fetch, run on PS `ps_index`; None when the run failed.
 
     A failed run leaves the vote undecided: it is taken again at the next
     look, and --wait_timeout_secs still bounds the step. The run is on a
@@ -118,15 +146,14 @@ class HangVote:
     who = self._info.replica_name(self._index)
     if self._running is not None and self._running.is_alive():
       return None  # Its warning was said.
-    if not waits.reachable(self._info.jobs["ps"][0], timeout_secs=1.0):
+    if not waits.reachable(self._info.jobs["ps"][ps_index], timeout_secs=1.0):
       return None  # The step's notes name it.
     outcome = {}
 
     def run():
       try:
         outcome["value"] = ps_flags.run_on_ps(
-            self._target, self._info, [0], self._timeout,
-            lambda: make_fetch(ps_flags.hang_flags(self._count)))
+            self._target, self._info, [ps_index], self._timeout, build)
       except tf.errors.OpError as e:
         outcome["error"] = errors.first_line(e.message)
       except Exception as e:  # pylint: disable=broad-except
@@ -140,6 +167,5 @@ class HangVote:
     if "value" in outcome:
       return outcome["value"]
     failure = outcome.get("error", f"no answer within {self._timeout:.0f} s")
-    errors.warn(f"{who}: could not take part in the vote on a hung sync "
-                f"step on ps 0: {failure}")
+    errors.warn(f"{who}: could not {doing} on ps {ps_index}: {failure}")
     return None

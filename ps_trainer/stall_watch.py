@@ -29,9 +29,10 @@ START_TIMEOUTS = 4
 # An async step stuck while every peer answers is TF's repeat hang (the class
 # docstring) once it has taken this many times the longest of the session's
 # steps, and at least this long: the task then starts again at once, not after
-# --wait_timeout_secs; a sync step, once every replica's is (hang_vote.py).
-# Not in a session's first steps, which can be slow (nor do they count toward
-# the longest).
+# --wait_timeout_secs; a sync step, once every replica's is, or once the
+# global step moves on without it (hang_vote.py). Not in a session's first
+# steps, which can be slow (nor do they count toward the longest); there only
+# as a follower of a vote, or when the global step moves on.
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
 STEPS_BEFORE_HANG_BOUND = 10
@@ -74,8 +75,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   other replicas, the chief's checkpoint saves included, which can take
   longer than that; so with `hang_vote` (sync replicas) a step past that
   bound, with every peer answering, only counts as hung once every replica
-  is in the same state (hang_vote.py), and otherwise waits out
-  `timeout_secs`.
+  is in the same state (hang_vote.py), or, with or without an answer from
+  every peer, once the global step moved on between two looks past the
+  bound (backup workers train on without a hung replica); otherwise it
+  waits out `timeout_secs`.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -128,6 +131,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._hang_restarts = hang_restarts
     self._hang_vote = hang_vote
     self._voted_in = None  # The step whose hang vote this replica is in.
+    # (the step, the global step at the first look past its bound).
+    self._global_step_at_look = None
     # Whether its flag may be set still, and when to try clearing it next.
     self._leave_owed, self._next_leave = False, 0.0
     self._recent_steps = collections.deque(maxlen=RECENT_STEPS)
@@ -245,7 +250,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
       hang_bound = self._hang_bound()
-      if ((not silent or self._voted_in == started)
+      # A silent peer rules out a hang, except where the global step shows
+      # the others training on (sync: _why_hung).
+      if ((not silent or self._hang_vote is not None)
           and waited >= max(hang_bound, next_look)):
         next_look = waited + self._note_every  # Peers are probed: not often.
         silent = silent or self._a_peer_silent_now()
@@ -329,6 +336,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
              f"past {hang_bound:.0f} s, in one of this session's first steps")
     if vote is None:
       return None if silent else (bound, True)
+    moved = self._global_step_moved(started)
+    if moved:
+      return f"{bound}; {moved}", not silent
     if self._voted_in != started and silent:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
@@ -337,6 +347,22 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     if agreed is None or self._step_started != started:
       return None  # Or the step ended while it voted.
     return f"{bound}; {agreed}", not silent
+
+  def _global_step_moved(self, started: float) -> Optional[str]:
+    """Why a sync replica's step counts as hung though no vote can agree:
+    the global step moved on since the first look past the bound (hang_vote.py,
+    backup workers); None: it did not, or it could not be read."""
+    now = self._hang_vote.global_step()
+    if now is None:
+      return None
+    looked = self._global_step_at_look
+    if looked is None or looked[0] != started:
+      self._global_step_at_look = (started, now)
+      return None
+    if now <= looked[1]:
+      return None
+    return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
+            "the other replicas train without it")
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""

@@ -14,6 +14,7 @@ import tensorflow as tf
 from ps_trainer import cluster
 from ps_trainer import hang_vote
 from ps_trainer import ps_flags
+from ps_trainer import server as server_lib
 import inprocess_cluster
 import testutil
 
@@ -88,6 +89,24 @@ class HangVoteTest(absltest.TestCase):
     ps_flags.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
     self.assertIsNone(self.votes[0].verdict(may_decide=True))
 
+  def test_the_global_step_is_read_where_the_training_graph_placed_it(self):
+    two_ps = inprocess_cluster.InProcessCluster(num_ps=2, num_workers=1)
+    info = two_ps.info("worker", 0)
+    graph = tf.Graph()
+    with graph.as_default():
+      # Made as train_graph makes it, on the second PS.
+      with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+          ps_tasks=2, ps_strategy=lambda op: 1, cluster=info.cluster_spec())):
+        step = tf.compat.v1.train.get_or_create_global_step()
+      moved = step.assign_add(37)
+    with tf.compat.v1.Session(two_ps.targets[0], graph=graph,
+                              config=server_lib.session_config(info)) as session:
+      session.run(step.initializer)
+      session.run(moved)
+    self.assertEqual(step.device, "/job:ps/task:1")
+    vote = hang_vote.HangVote(two_ps.targets[0], info, global_step_device=step.device)
+    self.assertEqual(vote.global_step(), 37)
+
   def test_a_vote_with_ps_0_gone_waits_on_at_once(self):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
@@ -96,6 +115,7 @@ class HangVoteTest(absltest.TestCase):
     with contextlib.redirect_stderr(io.StringIO()):
       self.assertIsNone(vote.verdict(may_decide=True))
       vote.leave()
+      self.assertIsNone(vote.global_step())
     self.assertLess(time.monotonic() - started, 5)
 
 

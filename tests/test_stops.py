@@ -381,12 +381,13 @@ class _RestartingStop(_RecordingStop):
 
 
 class _FakeVote:
-  """A hang vote (hang_vote.HangVote) whose verdicts and leave() results are given, one per
-  call; its calls."""
+  """A hang vote (hang_vote.HangVote) whose verdicts, leave() results and global steps are
+  given, one per call (then None, True and None); its calls but the reads of the global step."""
 
-  def __init__(self, verdicts, leaves=()):
+  def __init__(self, verdicts, leaves=(), global_steps=()):
     self._verdicts = list(verdicts)
     self._leaves = list(leaves)
+    self._global_steps = list(global_steps)
     self.calls = []
     self.verdicts = 0  # Counted last, once the verdict is made.
     self.on_verdict = lambda: None
@@ -402,6 +403,9 @@ class _FakeVote:
   def leave(self):
     self.calls.append("leave")
     return self._leaves.pop(0) if self._leaves else True
+
+  def global_step(self):
+    return self._global_steps.pop(0) if self._global_steps else None
 
 
 def _stuck_after(steps, stop, clock, silent_from, **watch_args):
@@ -750,17 +754,18 @@ class StallWatchHookTest(absltest.TestCase):
                          }.items():
       self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
 
-  def sync_hang(self, verdicts, silent_from=math.inf, leaves=(),
+  def sync_hang(self, verdicts, silent_from=math.inf, leaves=(), global_steps=(),
                 steps=(0.001,) * stall_watch.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
                 step_ends_in_verdict=False):
     """A sync replica's steps taking `steps` s, then one that never returns, with a hang vote
-    whose verdicts are `verdicts` and whose leave() returns `leaves` (then True); the watch
-    looks at `looks` s into the stuck step, the clock moving on only once it has, and a peer
-    does not answer from `silent_from` s on: (its restarts, the calls to its vote)."""
+    whose verdicts are `verdicts`, whose leave() returns `leaves` (then True) and whose reads
+    of the global step return `global_steps` (then None); the watch looks at `looks` s into
+    the stuck step, the clock moving on only once it has, and a peer does not answer from
+    `silent_from` s on: (its restarts, the calls to its vote)."""
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
     stop, clock = _RestartingStop("worker 1"), _Clock()
-    vote = _FakeVote(verdicts, leaves)
+    vote = _FakeVote(verdicts, leaves, global_steps)
     with contextlib.redirect_stdout(io.StringIO()):
       hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.01,
                                    hang_vote=vote)
@@ -769,7 +774,7 @@ class StallWatchHookTest(absltest.TestCase):
       for waited in looks:
         verdicts_before = vote.verdicts
         clock.now = started + waited
-        _wait_for(lambda: vote.verdicts > verdicts_before, secs=2)
+        _wait_for(lambda: vote.verdicts > verdicts_before or stop.restarts, secs=2)
       _wait_for(lambda: stop.restarts, secs=0.3)
       hook.finished()
     self.assertEqual(stop.forced, [])
@@ -785,11 +790,27 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertEqual(calls, ["leave", "verdict may decide", "verdict may decide"])
 
   def test_a_sync_step_waits_on_while_the_replicas_do_not_agree_or_a_peer_is_silent(self):
-    restarts, calls = self.sync_hang([None, None])
+    restarts, calls = self.sync_hang([None, None], global_steps=[500, 500])
     self.assertEqual(restarts, [])
     self.assertEqual(calls, ["leave", "verdict may decide", "verdict may decide"])
     restarts, calls = self.sync_hang(["would restart"], silent_from=10, looks=(130,))
     self.assertEqual((restarts, calls), ([], ["leave"]))  # Never even voted.
+
+  def test_a_sync_step_stuck_while_the_global_step_moves_on_restarts_alone(self):
+    # Backup workers: the others train on without it, so no vote can agree.
+    restarts, calls = self.sync_hang([None, None], global_steps=[500, 531])
+    (reason,) = restarts
+    self.assertRegex(reason, r"^a step waited 140 s \(past 120 s: 100 x 99% of this session's "
+                     r"recent steps, at least 120 s; the global step moved on from 500 to 531 "
+                     r"meanwhile: the other replicas train without it\) while every peer "
+                     r"answers$")
+    self.assertEqual(calls, ["leave", "verdict may decide"])
+    # A backup worker gone for good is silent, and the others train on without it too.
+    restarts, calls = self.sync_hang([None], silent_from=10, global_steps=[500, 531])
+    (reason,) = restarts
+    self.assertRegex(reason, r"; the global step moved on from 500 to 531 meanwhile: the other "
+                     r"replicas train without it\)$")
+    self.assertEqual(calls, ["leave"])
 
   def test_a_rightful_wait_as_its_longest_step_leaves_a_sync_replica_its_bound(self):
     # A chief's save, a peer starting again or a hang another replica restarted for.
