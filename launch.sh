@@ -110,8 +110,9 @@ report_failures() {
 }
 
 # Each task stops by itself on SIGTERM (the chief writes a final checkpoint, the PS tasks wait for
-# it) and forces its own exit after 20 s; SIGKILL only after that.
-STOP_GRACE_SECS=35
+# it) and forces its own exit after 20 s (a PS after 35: it serves a blocked chief's last
+# checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that.
+STOP_GRACE_SECS=40
 
 on_signal() {  # name exit-status
   trap - INT TERM

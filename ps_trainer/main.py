@@ -201,13 +201,15 @@ def _receive_stop_signals(cfg):
   """From here on SIGINT/SIGTERM request a clean stop (stops.py)."""
   from ps_trainer import stops
   how = "stopping after the current step"
+  grace_secs = stops.GRACE_SECS
   if cfg.cluster is not None and cfg.cluster.is_ps:
     how = "stopping once the workers are done"
+    grace_secs = stops.PS_GRACE_SECS
   elif cfg.cluster is not None and cfg.cluster.job_name == "evaluator":
     how = "stopping after the current evaluation"
   elif cfg.is_chief:
     how += ", with a final checkpoint"
-  stop = stops.StopRequest(cfg.task_name, how)
+  stop = stops.StopRequest(cfg.task_name, how, grace_secs)
   stop.install()
   return stop
 

@@ -22,9 +22,18 @@ from typing import Callable, List
 from ps_trainer import errors
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# All last resorts together: after the 20 s grace, a forced exit ends within
-# 30 s, before launch.sh's SIGKILL at 35.
+# How long a requested stop may take before the task exits anyway.
+GRACE_SECS = 20.0
+# All last resorts together: after the grace, a forced exit ends within
+# GRACE_SECS + this (30 s).
 _LAST_RESORT_SECS = 10.0
+# A PS's grace. A chief whose step cannot end (TF's repeat hang) writes its
+# last checkpoint as its forced exit's last resort, through the PS tasks: when
+# the whole job is stopped, a PS that left after GRACE_SECS too took it away
+# (seen 2026-11-26). So a PS outlasts a forced exit; it leaves as soon as no
+# worker answers, which after a clean stop is within seconds. A launcher's
+# SIGKILL comes after this (launch.sh, deploy/kubernetes/tfjob.yaml).
+PS_GRACE_SECS = GRACE_SECS + _LAST_RESORT_SECS + 5.0
 
 # Ctrl-C in a terminal reaches a local cluster's tasks twice: from the terminal
 # (its process group) and from launch.sh, which passes its signals on. The same
@@ -50,7 +59,7 @@ class StopRequest:
   """
 
   def __init__(self, who: str, how: str = "stopping after the current step",
-               grace_secs: float = 20.0):
+               grace_secs: float = GRACE_SECS):
     self.who = who
     self._how = how
     self.grace_secs = grace_secs

@@ -15,6 +15,7 @@ import time
 
 from absl.testing import absltest
 
+from ps_trainer import stops
 import testutil
 
 # Generous bounds for a loaded 2-core machine: TF start-up alone is ~3 s of CPU per process.
@@ -34,6 +35,16 @@ def _run(args, timeout=INPUT_TIMEOUT_SECS, env=None, cwd=None):
 def _read(path):
   with open(path, encoding="utf-8", errors="replace") as f:
     return f.read()
+
+
+class StopGraceTest(absltest.TestCase):
+
+  def test_the_launcher_kills_a_stopped_task_only_after_its_own_forced_exit(self):
+    # A PS's is the latest (stops.PS_GRACE_SECS); SIGKILL before it would cost a blocked chief its
+    # last checkpoint.
+    grace = re.search(r"^STOP_GRACE_SECS=(\d+)$", _read(testutil.LAUNCH_SH), re.MULTILINE)
+    self.assertIsNotNone(grace)
+    self.assertGreater(int(grace.group(1)), stops.PS_GRACE_SECS + 2)
 
 
 class LaunchInputTest(absltest.TestCase):
@@ -274,6 +285,10 @@ class LaunchLocalTest(absltest.TestCase):
     launcher_out = _read(os.path.join(log_dir, "launch.out"))
     self.assertEqual(launcher_out.count("the same command continues from it"), 1, launcher_out)
     self.assertIn("chief: got SIGINT: stopping after the current step", launcher_out)
+    # A PS stays to serve the last checkpoint of a chief that can only force its exit (20 s, then
+    # 10 for its last resorts), and leaves as soon as the workers have.
+    self.assertIn("ps 0: got SIGINT: stopping once the workers are done (at most 35 s)",
+                  _read(os.path.join(log_dir, "logs", "ps-0.log")))
     self.assertNotIn("already stopping", launcher_out)
     self.assertNotIn(os.readlink("/proc/self/ns/net"), namespaces)
     self.assertLen(namespaces, 1)  # One private namespace shared by the tasks.

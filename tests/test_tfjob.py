@@ -14,6 +14,7 @@ import re
 from absl.testing import absltest
 import yaml
 
+from ps_trainer import stops
 import testutil
 
 MANIFEST = os.path.join(testutil.REPO_ROOT, "deploy", "kubernetes", "tfjob.yaml")
@@ -111,6 +112,12 @@ class ManifestTest(absltest.TestCase):
       self.assertLen(mounts, 1, f"{rtype}: --log_dir={log_dir} is on no mounted volume")
       claim = volumes[mounts[0]["name"]]["persistentVolumeClaim"]["claimName"]
       self.assertIn(claim, self.claims, rtype)
+
+  def test_a_stopped_ps_is_killed_only_after_it_served_the_chiefs_last_checkpoint(self):
+    # Kubernetes' default of 30 s would kill a PS while a blocked chief writes it (stops.py).
+    for rtype, spec in self.specs.items():
+      self.assertGreater(spec["template"]["spec"]["terminationGracePeriodSeconds"],
+                         stops.PS_GRACE_SECS + 2, rtype)
 
   def test_restarts_only_what_a_restart_can_fix(self):
     # Exit 1 (a peer stayed away, NaN) and 2 (bad input) are permanent; killed replicas
