@@ -23,7 +23,9 @@ replica stalls no other, so no vote completes. There the hung one tells by
 the global step: every global step gives each replica a token that ends its
 step, so a step that stays stuck while the global step moves on is hung
 (HangVote.global_step; the stall watch compares two reads). Without backup
-workers the global step cannot move twice while one replica is stuck.
+workers the global step cannot move twice while one replica is stuck. And a
+step still stuck once the global step has reached --train_steps hangs in a
+run that is over.
 """
 
 import threading
@@ -44,14 +46,21 @@ class HangVote:
     target: this task's server target.
     info: this task's ClusterInfo.
     global_step_device: the device of the global step, e.g. "/job:ps/task:1".
+    last_step: the run's last global step (--train_steps); None: none.
     timeout_secs: the bound on each run on a PS.
+
+  Attributes:
+    last_step: as given.
+    is_chief: whether this replica is the chief.
   """
 
   def __init__(self, target: str, info: cluster_lib.ClusterInfo,
                global_step_device: str = "/job:ps/task:0",
-               timeout_secs: float = 10.0):
+               last_step: Optional[int] = None, timeout_secs: float = 10.0):
     self._target = target
     self._info = info
+    self.last_step = last_step
+    self.is_chief = info.is_chief
     self._global_step_device = global_step_device
     self._global_step_ps = tf.DeviceSpec.from_string(
         global_step_device).task or 0

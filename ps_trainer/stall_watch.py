@@ -77,8 +77,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   bound, with every peer answering, only counts as hung once every replica
   is in the same state (hang_vote.py), or, with or without an answer from
   every peer, once the global step moved on between two looks past the
-  bound (backup workers train on without a hung replica); otherwise it
-  waits out `timeout_secs`.
+  bound (backup workers train on without a hung replica), or has reached
+  the run's last step (then a worker other than the chief exits 0: nothing
+  is left to train); otherwise it waits out `timeout_secs`.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -324,7 +325,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: (the bound, whether every peer
-    answers) for the restart of a step that counts as hung, or None."""
+    answers[, whether the run is over]) for the restart of a step that counts
+    as hung (or a worker's exit, when the run is over), or None."""
     if not self._can_restart() or self._step_started != started:
       return None  # Or no longer that step.
     informed = self._steps >= STEPS_BEFORE_HANG_BOUND
@@ -336,9 +338,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
              f"past {hang_bound:.0f} s, in one of this session's first steps")
     if vote is None:
       return None if silent else (bound, True)
-    moved = self._global_step_moved(started)
-    if moved:
-      return f"{bound}; {moved}", not silent
+    by_step = self._by_the_global_step(started)
+    if by_step:
+      why, run_over = by_step
+      return f"{bound}; {why}", not silent, run_over
     if self._voted_in != started and silent:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
@@ -348,13 +351,19 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       return None  # Or the step ended while it voted.
     return f"{bound}; {agreed}", not silent
 
-  def _global_step_moved(self, started: float) -> Optional[str]:
-    """Why a sync replica's step counts as hung though no vote can agree:
-    the global step moved on since the first look past the bound (hang_vote.py,
-    backup workers); None: it did not, or it could not be read."""
-    now = self._hang_vote.global_step()
+  def _by_the_global_step(self, started: float):
+    """Why a sync replica's step counts as hung though no vote can agree, and
+    whether the run is over: (why, the global step reached the last step), or
+    None. The global step moved on since the first look past the bound
+    (hang_vote.py, backup workers), or reached the last step: the other
+    replicas finished the run."""
+    vote = self._hang_vote
+    now = vote.global_step()
     if now is None:
       return None
+    if vote.last_step is not None and now >= vote.last_step:
+      return (f"the run reached its last step meanwhile (global step {now} of "
+              f"{vote.last_step})"), True
     looked = self._global_step_at_look
     if looked is None or looked[0] != started:
       self._global_step_at_look = (started, now)
@@ -362,7 +371,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     if now <= looked[1]:
       return None
     return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
-            "the other replicas train without it")
+            "the other replicas train without it"), False
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""
@@ -382,7 +391,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._exit(waited)
 
   def _restart_or_exit(self, waited: float, bound: str,
-                       answering: bool = True) -> None:
+                       answering: bool = True, run_over: bool = False) -> None:
+    if run_over and not self._hang_vote.is_chief:
+      # Nothing left to do but say it is done (a last resort). A restarted
+      # worker would wait for a chief that finished. The chief starts again:
+      # that ends the run as every finished run ends (finished_run.py).
+      self._stop.force_exit(f"a step waited {waited:.0f} s ({bound}): nothing "
+                            "is left to train", 0)
+      return  # Not reached: the process ends.
     try:
       self._stop.restart(f"a step waited {waited:.0f} s ({bound})"
                          + (" while every peer answers" if answering else ""))

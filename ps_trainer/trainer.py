@@ -212,7 +212,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         silent_when_named=others.silent_when_named,
         hang_restarts=not cfg.train.sync_replicas,
         hang_vote=(hang_vote_lib.HangVote(target, cfg.cluster,
-                                          tg.global_step.device)
+                                          tg.global_step.device,
+                                          cfg.train.train_steps)
                    if cfg.train.sync_replicas else None))
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(

@@ -5,6 +5,7 @@ import dataclasses
 import io
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -384,7 +385,9 @@ class _FakeVote:
   """A hang vote (hang_vote.HangVote) whose verdicts, leave() results and global steps are
   given, one per call (then None, True and None); its calls but the reads of the global step."""
 
-  def __init__(self, verdicts, leaves=(), global_steps=()):
+  def __init__(self, verdicts, leaves=(), global_steps=(), last_step=None, is_chief=False):
+    self.last_step = last_step
+    self.is_chief = is_chief
     self._verdicts = list(verdicts)
     self._leaves = list(leaves)
     self._global_steps = list(global_steps)
@@ -427,6 +430,15 @@ def _stuck_after(steps, stop, clock, silent_from, **watch_args):
   hook.before_run(None)
   began[0] = clock.now
   return hook, began[0]
+
+
+class _Matches(str):
+  """Equal to the strings `pattern` matches (re.search)."""
+
+  def __eq__(self, other):
+    return isinstance(other, str) and re.search(self, other) is not None
+
+  __hash__ = str.__hash__
 
 
 def _wait_for(condition, secs: float = 10.0) -> None:
@@ -756,16 +768,17 @@ class StallWatchHookTest(absltest.TestCase):
 
   def sync_hang(self, verdicts, silent_from=math.inf, leaves=(), global_steps=(),
                 steps=(0.001,) * stall_watch.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
-                step_ends_in_verdict=False):
+                step_ends_in_verdict=False, last_step=None, who="worker 1", forced=()):
     """A sync replica's steps taking `steps` s, then one that never returns, with a hang vote
     whose verdicts are `verdicts`, whose leave() returns `leaves` (then True) and whose reads
-    of the global step return `global_steps` (then None); the watch looks at `looks` s into
-    the stuck step, the clock moving on only once it has, and a peer does not answer from
-    `silent_from` s on: (its restarts, the calls to its vote)."""
+    of the global step return `global_steps` (then None), of a run whose last step is
+    `last_step`; the watch looks at `looks` s into the stuck step, the clock moving on only
+    once it has, and a peer does not answer from `silent_from` s on: (its restarts, the calls
+    to its vote), its forced exits being `forced`."""
     self.enterContext(mock.patch.dict(os.environ))
     os.environ.pop(stops.RESTARTS_ENV, None)
-    stop, clock = _RestartingStop("worker 1"), _Clock()
-    vote = _FakeVote(verdicts, leaves, global_steps)
+    stop, clock = _RestartingStop(who), _Clock()
+    vote = _FakeVote(verdicts, leaves, global_steps, last_step, is_chief=who == "chief")
     with contextlib.redirect_stdout(io.StringIO()):
       hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.01,
                                    hang_vote=vote)
@@ -774,10 +787,11 @@ class StallWatchHookTest(absltest.TestCase):
       for waited in looks:
         verdicts_before = vote.verdicts
         clock.now = started + waited
-        _wait_for(lambda: vote.verdicts > verdicts_before or stop.restarts, secs=2)
-      _wait_for(lambda: stop.restarts, secs=0.3)
+        _wait_for(lambda: vote.verdicts > verdicts_before or stop.restarts or stop.forced,
+                  secs=2)
+      _wait_for(lambda: stop.restarts or stop.forced, secs=0.3)
       hook.finished()
-    self.assertEqual(stop.forced, [])
+    self.assertEqual(stop.forced, list(forced))
     return stop.restarts, vote.calls
 
   def test_a_sync_step_hung_restarts_before_the_bound_once_every_replica_agrees(self):
@@ -811,6 +825,23 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertRegex(reason, r"; the global step moved on from 500 to 531 meanwhile: the other "
                      r"replicas train without it\)$")
     self.assertEqual(calls, ["leave"])
+
+  def test_a_sync_step_stuck_as_the_run_reached_its_last_step_ends_the_task(self):
+    # The others finished the run: a worker leaves (saying it is done), the chief starts again,
+    # which ends the run as every finished run ends.
+    ended = (r"^a step waited 130 s \(past 120 s: .*; the run reached its last step meanwhile "
+             r"\(global step 4000 of 4000\)\)")
+    restarts, calls = self.sync_hang([], global_steps=[4000], last_step=4000, looks=(130,),
+                                     silent_from=10,
+                                     forced=[(_Matches(ended + ": nothing is left to train$"), 0)])
+    self.assertEqual((restarts, calls), ([], ["leave"]))
+    restarts, calls = self.sync_hang([], global_steps=[4000], last_step=4000, looks=(130,),
+                                     silent_from=10, who="chief")
+    (reason,) = restarts
+    self.assertRegex(reason, ended + "$")
+    # One step short of the end is not the end.
+    restarts, calls = self.sync_hang([None, None], global_steps=[3999, 3999], last_step=4000)
+    self.assertEqual(restarts, [])
 
   def test_a_rightful_wait_as_its_longest_step_leaves_a_sync_replica_its_bound(self):
     # A chief's save, a peer starting again or a hang another replica restarted for.
