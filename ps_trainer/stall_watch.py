@@ -6,7 +6,6 @@ A thread of this hook notices, names whom the task waits for, and ends the
 task, or starts it again when every peer answers (stops.StopRequest).
 """
 
-import collections
 import threading
 import time
 from typing import Callable, Optional
@@ -14,6 +13,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from ps_trainer import errors
+from ps_trainer import hung_step
 from ps_trainer import stops
 
 
@@ -25,24 +25,6 @@ from ps_trainer import stops
 # a step (a checkpoint save): long for a big model, endless when the PS it
 # writes from stopped serving; and so is each call at the end of the run.
 START_TIMEOUTS = 4
-
-# An async step stuck while every peer answers is TF's repeat hang (the class
-# docstring) once it has taken this many times the longest of the session's
-# steps, and at least this long: the task then starts again at once, not after
-# --wait_timeout_secs; a sync step, once every replica's is, or once the
-# global step moves on without it (hang_vote.py). Not in a session's first
-# steps, which can be slow (nor do they count toward the longest); there only
-# as a follower of a vote, or when the global step moves on.
-HANG_STEP_FACTOR = 100
-HANG_FLOOR_SECS = 120.0
-STEPS_BEFORE_HANG_BOUND = 10
-# A sync step's length includes rightful waits (a checkpoint save, a peer
-# starting again, a hang another replica restarted for), and one such wait
-# as the longest step would put the bound out of reach for the session: a
-# sync replica's bound counts from the 99th percentile of its recent steps.
-RECENT_STEPS = 1000
-# How often a replica tries again to clear its hang-vote flag.
-LEAVE_RETRY_SECS = 5.0
 
 # What a task does outside its steps, each bounded as above.
 _STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
@@ -58,28 +40,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   `timeout_secs` ends the task through `stop.force_exit` (so the chief's last
   resort still writes a checkpoint).
 
-  A step can also hang inside TF while every peer answers: when TF turns
-  the step's part on this task away as a repeat (repeats.py) and its cancel
-  of the other parts is lost, they wait forever for tensors of the part
-  that never ran (about 1 repeat in 40 on this machine). No Python code can end
-  that step, but the task can start again. So when `restart_if()` says
-  every peer answers, the task restarts itself (`stop.restart`) rather than
-  exit: a few times in a row at most, where a restart after which the task
-  trained for `timeout_secs` is forgotten (a long run meets many repeats).
-  With `hang_restarts` (async replicas) it does not wait out `timeout_secs`
-  for that: a step that takes HANG_STEP_FACTOR times the session's longest
-  step so far, and at least HANG_FLOOR_SECS (past the minute TF can take to
-  fail a step whose PS was started again), is taken for such a hang if every
-  peer answers then and none was found silent earlier in the step
-  (`silent_when_named()` after naming it). A sync step also waits for the
-  other replicas, the chief's checkpoint saves included, which can take
-  longer than that; so with `hang_vote` (sync replicas) a step past that
-  bound, with every peer answering, only counts as hung once every replica
-  is in the same state (hang_vote.py), or, with or without an answer from
-  every peer, once the global step moved on between two looks past the
-  bound (backup workers train on without a hung replica), or has reached
-  the run's last step (then a worker other than the chief exits 0: nothing
-  is left to train); otherwise it waits out `timeout_secs`.
+  A step can also hang inside TF while every peer answers (TF's repeat
+  hang: hung_step.py). No Python code can end that step, but the task can
+  start again. So when `restart_if()` says every peer answers, the task
+  restarts itself (`stop.restart`) rather than exit: a few times in a row at
+  most, where a restart after which the task trained for `timeout_secs` is
+  forgotten (a long run meets many repeats). With `hang_restarts` (async
+  replicas) or `hang_vote` (sync replicas) it does so sooner, once
+  hung_step.HangRules says the step is hung; a sync worker whose step hung
+  in a run that is over exits 0 instead.
 
   Starting a session can hang too: a peer that accepts connections but does
   not serve (stopped with SIGSTOP or Ctrl-Z, a paused VM, another program on
@@ -109,8 +78,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     silent_when_named: () -> whether `what()`, when last called, found a
       peer not answering.
     hang_restarts: restart sooner for a step that looks hung (above).
-    hang_vote: a hang_vote.HangVote: restart sooner for a step that looks
-      hung once every replica agrees (above).
+    hang_vote: a hang_vote.HangVote: restart sooner for a sync step that
+      looks hung (above).
     clock: the monotonic clock of every bound (tests pass their own).
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
@@ -129,14 +98,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._what = what
     self._restart_if = restart_if
     self._silent_when_named = silent_when_named
-    self._hang_restarts = hang_restarts
-    self._hang_vote = hang_vote
-    self._voted_in = None  # The step whose hang vote this replica is in.
-    # (the step, the global step at the first look past its bound).
-    self._global_step_at_look = None
-    # Whether its flag may be set still, and when to try clearing it next.
-    self._leave_owed, self._next_leave = False, 0.0
-    self._recent_steps = collections.deque(maxlen=RECENT_STEPS)
+    self._rules = hung_step.HangRules(timeout_secs, hang_restarts, hang_vote,
+                                      clock)
     self._clock = clock
     self._timeout = timeout_secs
     self._note_every = note_every_secs
@@ -146,9 +109,6 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._step_started = None
     # When this session's first step ended, until the restarts are forgotten.
     self._training_since = None
-    # This session's steps, and the longest of them past the first few.
-    self._steps = 0
-    self._longest_step = 0.0
     self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
@@ -159,8 +119,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     """Before each session is created: a failed step's clock stops here."""
     self._step_started = None
     self._training_since = None
-    self._steps, self._longest_step = 0, 0.0
-    self._recent_steps.clear()
+    self._rules.session_starting()
     if not self._outside_is(_STARTING):  # Not a failed attempt made again.
       self._outside = (_STARTING, self._clock())
     self._watch_in_background()
@@ -170,10 +129,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     return _AfterStepEnd(self)
 
   def after_create_session(self, session, coord):
-    if self._hang_vote is not None:
-      # Its flag may be set still, if it was stopped or restarted mid-vote.
-      # The watch's thread clears it: every call into the vote is made there.
-      self._leave_owed, self._next_leave = True, 0.0
+    self._rules.session_created()
     self._watch_in_background()
 
   def before_run(self, run_context):
@@ -183,11 +139,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def after_run(self, run_context, run_values):
     now = self._clock()
     if self._step_started is not None:
-      self._steps += 1
-      if self._steps > STEPS_BEFORE_HANG_BOUND:
-        took = now - self._step_started
-        self._longest_step = max(self._longest_step, took)
-        self._recent_steps.append(took)
+      self._rules.step_ended(now - self._step_started)
     self._step_started = None
     self._outside = (_AFTER_STEP, now)
     if self._training_since is None:
@@ -237,10 +189,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       started = self._step_started
-      if self._voted_in is not None and started != self._voted_in:
-        self._voted_in = None  # That step ended.
-        self._leave_owed, self._next_leave = True, 0.0
-      self._leave_if_owed()
+      if self._rules.vote is not None:
+        self._rules.leave_if_owed(started)
       if started is None:
         continue
       if started != step:
@@ -250,10 +200,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if waited >= self._timeout:
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
-      hang_bound = self._hang_bound()
-      # A silent peer rules out a hang, except where the global step shows
-      # the others training on (sync: _why_hung).
-      if ((not silent or self._hang_vote is not None)
+      hang_bound = self._rules.bound()
+      if ((not silent or self._rules.looks_past_silence)
           and waited >= max(hang_bound, next_look)):
         next_look = waited + self._note_every  # Peers are probed: not often.
         silent = silent or self._a_peer_silent_now()
@@ -266,16 +214,6 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
         silent = silent or self._silent_when_named()
         next_note += self._note_every
-
-  def _leave_if_owed(self) -> None:
-    """Clears this replica's hang-vote flag, if it may be set, and tries
-    again every LEAVE_RETRY_SECS until that works."""
-    now = self._clock()
-    if not self._leave_owed or now < self._next_leave:
-      return
-    self._next_leave = now + LEAVE_RETRY_SECS
-    if self._hang_vote.leave():
-      self._leave_owed = False
 
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
@@ -308,70 +246,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
     return True
 
-  def _hang_bound(self) -> float:
-    """How long a step may wait, while every peer answers, before it is
-    taken for TF's repeat hang (HANG_STEP_FACTOR)."""
-    first_steps = self._steps < STEPS_BEFORE_HANG_BOUND
-    if self._hang_vote is not None:
-      if first_steps:  # It may only join a vote another replica began.
-        return min(self._timeout, HANG_FLOOR_SECS)
-      recent = sorted(self._recent_steps)
-      step = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
-    elif first_steps or not self._hang_restarts:
-      return self._timeout
-    else:
-      step = self._longest_step
-    return min(self._timeout, max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * step))
-
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
-    """At a look past the hang bound: (the bound, whether every peer
-    answers[, whether the run is over]) for the restart of a step that counts
-    as hung (or a worker's exit, when the run is over), or None."""
+    """At a look past the hang bound: HangRules.why_hung, if this task may
+    start again and is still in that step."""
     if not self._can_restart() or self._step_started != started:
-      return None  # Or no longer that step.
-    informed = self._steps >= STEPS_BEFORE_HANG_BOUND
-    vote = self._hang_vote
-    steps = ("the longest of this session's steps" if vote is None else
-             "99% of this session's recent steps")
-    bound = (f"past {hang_bound:.0f} s: {HANG_STEP_FACTOR} x {steps}, at "
-             f"least {HANG_FLOOR_SECS:.0f} s" if informed else
-             f"past {hang_bound:.0f} s, in one of this session's first steps")
-    if vote is None:
-      return None if silent else (bound, True)
-    by_step = self._by_the_global_step(started)
-    if by_step:
-      why, run_over = by_step
-      return f"{bound}; {why}", not silent, run_over
-    if self._voted_in != started and silent:
-      return None  # As in async mode: a peer was silent, so not a hang.
-    self._voted_in = started
-    self._leave_owed = False  # Its flag is this step's now.
-    agreed = vote.verdict(may_decide=not silent, may_begin=informed)
-    if agreed is None or self._step_started != started:
-      return None  # Or the step ended while it voted.
-    return f"{bound}; {agreed}", not silent
-
-  def _by_the_global_step(self, started: float):
-    """Why a sync replica's step counts as hung though no vote can agree, and
-    whether the run is over: (why, the global step reached the last step), or
-    None. The global step moved on since the first look past the bound
-    (hang_vote.py, backup workers), or reached the last step: the other
-    replicas finished the run."""
-    vote = self._hang_vote
-    now = vote.global_step()
-    if now is None:
       return None
-    if vote.last_step is not None and now >= vote.last_step:
-      return (f"the run reached its last step meanwhile (global step {now} of "
-              f"{vote.last_step})"), True
-    looked = self._global_step_at_look
-    if looked is None or looked[0] != started:
-      self._global_step_at_look = (started, now)
-      return None
-    if now <= looked[1]:
-      return None
-    return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
-            "the other replicas train without it"), False
+    return self._rules.why_hung(started, hang_bound, silent,
+                                lambda step: self._step_started == step)
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""
@@ -392,10 +273,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def _restart_or_exit(self, waited: float, bound: str,
                        answering: bool = True, run_over: bool = False) -> None:
-    if run_over and not self._hang_vote.is_chief:
+    if run_over and not self._rules.vote.is_chief:
       # Nothing left to do but say it is done (a last resort). A restarted
       # worker would wait for a chief that finished. The chief starts again:
-      # that ends the run as every finished run ends (finished_run.py).
+      # its new session has nothing to train and writes result.json and the
+      # export, as every finished run does.
       self._stop.force_exit(f"a step waited {waited:.0f} s ({bound}): nothing "
                             "is left to train", 0)
       return  # Not reached: the process ends.

@@ -17,6 +17,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from ps_trainer import hung_step
 from ps_trainer import peers
 from ps_trainer import stall_watch
 from ps_trainer import stops
@@ -725,7 +726,7 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertRegex(reason, r"^gave up after a step waited \d s for the gradients of worker 1 "
                      r"\(not answering\) \(--wait_timeout_secs=1\); the newest checkpoint is kept")
 
-  def hung_step(self, steps_before: int, silent_from: float = math.inf,
+  def async_hang(self, steps_before: int, silent_from: float = math.inf,
                 hang_restarts: bool = True, longest_step_secs: float = 0.001,
                 wait_secs: float = 0.5) -> _RestartingStop:
     """`steps_before` steps that return (the last taking `longest_step_secs`), then one that
@@ -751,23 +752,23 @@ class StallWatchHookTest(absltest.TestCase):
     return stop
 
   def test_an_async_step_hung_while_every_peer_answers_restarts_before_the_bound(self):
-    (reason,) = self.hung_step(steps_before=stall_watch.STEPS_BEFORE_HANG_BOUND,
+    (reason,) = self.async_hang(steps_before=hung_step.STEPS_BEFORE_HANG_BOUND,
                                wait_secs=10).restarts
     self.assertRegex(reason, r"^a step waited 1[23]\d s \(past 120 s: 100 x the longest of "
                      r"this session's steps, at least 120 s\) while every peer answers$")
 
   def test_a_hang_is_waited_out_first_steps_a_silent_peer_slow_steps_or_no_early_bound(self):
-    enough = stall_watch.STEPS_BEFORE_HANG_BOUND + 1
+    enough = hung_step.STEPS_BEFORE_HANG_BOUND + 1
     for name, kwargs in {"first steps": dict(steps_before=enough - 2),
                          "a peer silent": dict(steps_before=enough, silent_from=10),
                          "a peer silent at the look": dict(steps_before=enough, silent_from=120),
                          "slow steps": dict(steps_before=enough, longest_step_secs=1.5),
                          "no early bound": dict(steps_before=enough, hang_restarts=False)
                          }.items():
-      self.assertEqual(self.hung_step(**kwargs).restarts, [], name)
+      self.assertEqual(self.async_hang(**kwargs).restarts, [], name)
 
   def sync_hang(self, verdicts, silent_from=math.inf, leaves=(), global_steps=(),
-                steps=(0.001,) * stall_watch.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
+                steps=(0.001,) * hung_step.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
                 step_ends_in_verdict=False, last_step=None, who="worker 1", forced=()):
     """A sync replica's steps taking `steps` s, then one that never returns, with a hang vote
     whose verdicts are `verdicts`, whose leave() returns `leaves` (then True) and whose reads
@@ -882,9 +883,9 @@ class StallWatchHookTest(absltest.TestCase):
     with contextlib.redirect_stdout(io.StringIO()):
       hook.after_create_session(None, None)
       _wait_for(lambda: vote.calls == ["leave"])
-      clock.now += stall_watch.LEAVE_RETRY_SECS
+      clock.now += hung_step.LEAVE_RETRY_SECS
       _wait_for(lambda: vote.calls == ["leave", "leave"])
-      for _ in range(stall_watch.STEPS_BEFORE_HANG_BOUND):
+      for _ in range(hung_step.STEPS_BEFORE_HANG_BOUND):
         _whole_step(hook)
       hook.before_run(None)
       clock.now += 130

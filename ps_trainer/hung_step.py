@@ -1,0 +1,163 @@
+"""When a step that every peer answers for counts as hung (the stall watch's rules).
+
+A step can hang inside TF while every peer answers: when TF turns the step's
+part on this task away as a repeat (repeats.py) and its cancel of the other
+parts is lost, they wait forever for tensors of the part that never ran
+(about 1 repeat in 40 on this machine). No Python code can end that step,
+but the task can start again (stall_watch.py), sooner than after
+--wait_timeout_secs once these rules say the step is hung:
+
+- An async step that has taken HANG_STEP_FACTOR times the session's longest
+  step so far, and at least HANG_FLOOR_SECS (past the minute TF can take to
+  fail a step whose PS was started again), if every peer answers then and
+  none was found silent earlier in the step.
+- A sync step also waits, rightly, for the other replicas, the chief's
+  checkpoint saves included, which can take longer than that. Past the same
+  bound (counted from the 99th percentile of the recent steps, RECENT_STEPS),
+  with every peer answering, it counts as hung once every replica's step is
+  (hang_vote.py); or, answering or not, once the global step moved on between
+  two looks (backup workers train on without a hung replica) or has reached
+  the run's last step (the others finished the run).
+
+Not in a session's first STEPS_BEFORE_HANG_BOUND steps, which can be slow
+(nor do they count toward the bound): there a sync replica only follows a
+vote another began, or the global step.
+"""
+
+import collections
+import time
+from typing import Callable, Optional
+
+HANG_STEP_FACTOR = 100
+HANG_FLOOR_SECS = 120.0
+STEPS_BEFORE_HANG_BOUND = 10
+# A sync step's length includes rightful waits (a checkpoint save, a peer
+# starting again, a hang another replica restarted for), and one such wait
+# as the longest step would put the bound out of reach for the session: a
+# sync replica's bound counts from the 99th percentile of its recent steps.
+RECENT_STEPS = 1000
+# How often a replica tries again to clear its hang-vote flag.
+LEAVE_RETRY_SECS = 5.0
+
+
+class HangRules:
+  """One task's rules, fed its session's steps; asked from the watch's thread.
+
+  Args:
+    timeout_secs: --wait_timeout_secs, the bound on every step.
+    early: whether a step may count as hung before `timeout_secs` (async).
+    vote: a hang_vote.HangVote (sync replicas), or None.
+    clock: the stall watch's monotonic clock.
+  """
+
+  def __init__(self, timeout_secs: float, early: bool = False, vote=None,
+               clock: Callable[[], float] = time.monotonic):
+    self._timeout = timeout_secs
+    self._early = early
+    self.vote = vote
+    self._clock = clock
+    self._steps = 0
+    self._longest_step = 0.0
+    self._recent_steps = collections.deque(maxlen=RECENT_STEPS)
+    self._voted_in = None  # The step whose hang vote this replica is in.
+    # (the step, the global step at the first look past its bound).
+    self._global_step_at_look = None
+    # Whether its flag may be set still, and when to try clearing it next.
+    self._leave_owed, self._next_leave = False, 0.0
+
+  @property
+  def looks_past_silence(self) -> bool:
+    """Whether a step with a silent peer can still count as hung (sync)."""
+    return self.vote is not None
+
+  def session_starting(self) -> None:
+    self._steps, self._longest_step = 0, 0.0
+    self._recent_steps.clear()
+
+  def session_created(self) -> None:
+    if self.vote is not None:
+      # Its flag may be set still, if it was stopped or restarted mid-vote.
+      # The watch's thread clears it: every call into the vote is made there.
+      self._leave_owed, self._next_leave = True, 0.0
+
+  def step_ended(self, took: float) -> None:
+    self._steps += 1
+    if self._steps > STEPS_BEFORE_HANG_BOUND:
+      self._longest_step = max(self._longest_step, took)
+      self._recent_steps.append(took)
+
+  def leave_if_owed(self, started: Optional[float]) -> None:
+    """Clears this replica's hang-vote flag once the step it voted in
+    (`started` is the step now, if any) has ended, or a session started,
+    and tries again every LEAVE_RETRY_SECS until that works."""
+    if self._voted_in is not None and started != self._voted_in:
+      self._voted_in = None  # That step ended.
+      self._leave_owed, self._next_leave = True, 0.0
+    now = self._clock()
+    if not self._leave_owed or now < self._next_leave:
+      return
+    self._next_leave = now + LEAVE_RETRY_SECS
+    if self.vote.leave():
+      self._leave_owed = False
+
+  def bound(self) -> float:
+    """How long a step may wait, while every peer answers, before it is
+    taken for TF's repeat hang (HANG_STEP_FACTOR)."""
+    first_steps = self._steps < STEPS_BEFORE_HANG_BOUND
+    if self.vote is not None:
+      if first_steps:  # It may only join a vote another replica began.
+        return min(self._timeout, HANG_FLOOR_SECS)
+      recent = sorted(self._recent_steps)
+      step = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
+    elif first_steps or not self._early:
+      return self._timeout
+    else:
+      step = self._longest_step
+    return min(self._timeout, max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * step))
+
+  def why_hung(self, started: float, bound: float, silent: bool,
+               still_in: Callable[[float], bool]):
+    """At a look past `bound`: (why, whether every peer answers, whether the
+    run is over) for a step that counts as hung, or None. `still_in(started)`
+    says whether the task is still in that step."""
+    informed = self._steps >= STEPS_BEFORE_HANG_BOUND
+    vote = self.vote
+    steps = ("the longest of this session's steps" if vote is None else
+             "99% of this session's recent steps")
+    why = (f"past {bound:.0f} s: {HANG_STEP_FACTOR} x {steps}, at least "
+           f"{HANG_FLOOR_SECS:.0f} s" if informed else
+           f"past {bound:.0f} s, in one of this session's first steps")
+    if vote is None:
+      return None if silent else (why, True, False)
+    by_step = self._by_the_global_step(started)
+    if by_step:
+      moved, run_over = by_step
+      return f"{why}; {moved}", not silent, run_over
+    if self._voted_in != started and silent:
+      return None  # As in async mode: a peer was silent, so not a hang.
+    self._voted_in = started
+    self._leave_owed = False  # Its flag is this step's now.
+    agreed = vote.verdict(may_decide=not silent, may_begin=informed)
+    if agreed is None or not still_in(started):
+      return None  # Or the step ended while it voted.
+    return f"{why}; {agreed}", not silent, False
+
+  def _by_the_global_step(self, started: float):
+    """(why, whether the run is over) when the global step shows a sync
+    step hung though no vote can agree, else None: it moved on since the
+    first look past the bound (backup workers), or reached the last step."""
+    vote = self.vote
+    now = vote.global_step()
+    if now is None:
+      return None
+    if vote.last_step is not None and now >= vote.last_step:
+      return (f"the run reached its last step meanwhile (global step {now} of "
+              f"{vote.last_step})"), True
+    looked = self._global_step_at_look
+    if looked is None or looked[0] != started:
+      self._global_step_at_look = (started, now)
+      return None
+    if now <= looked[1]:
+      return None
+    return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
+            "the other replicas train without it"), False
