@@ -1,11 +1,11 @@
 """Sync replicas agree that TF's repeat hang stalls them all.
 
 A step of one replica can hang inside TF while every peer answers (TF's
-repeat hang: stall_watch.StallWatchHook). An async replica then starts
-itself again once its step is past the hang bound. A sync replica cannot
-tell that alone: its step also waits, legitimately, for the other replicas'
-gradients, so one replica's hung step stalls every replica, and so does a
-chief writing a checkpoint or a worker starting again.
+repeat hang: hung_step.py). An async replica then starts itself again once
+its step is past the hang bound. A sync replica cannot tell that alone: its
+step also waits, legitimately, for the other replicas' gradients, so one
+replica's hung step stalls every replica, and so does a chief writing a
+checkpoint or a worker starting again.
 
 What tells them apart: in the long legitimate waits we know of, some
 replica is not in a step (the chief saving, a worker starting), while a hang
@@ -18,14 +18,9 @@ step ends clears its flag, and so does each new session of a replica (one
 stopped while its flag was set), trying again until that works: a flag left
 set could complete a vote in a legitimate wait.
 
-With backup workers (--replicas_to_aggregate below the workers) one hung
-replica stalls no other, so no vote completes. There the hung one tells by
-the global step: every global step gives each replica a token that ends its
-step, so a step that stays stuck while the global step moves on is hung
-(HangVote.global_step; the stall watch compares two reads). Without backup
-workers the global step cannot move twice while one replica is stuck. And a
-step still stuck once the global step has reached --train_steps hangs in a
-run that is over.
+With backup workers no vote completes, and the global step tells instead
+(hung_step.py): so HangVote also reads it (global_step), and knows the run's
+last step.
 """
 
 import threading
@@ -69,7 +64,7 @@ class HangVote:
     self._count = info.num_workers
     # The count of agreed restarts when this replica set its flag.
     self._restarts_at_join = None
-    self._running = None  # The thread of the last run on PS 0.
+    self._running = None  # The thread of the last run on a PS.
 
   def verdict(self, may_decide: bool, may_begin: bool = True
               ) -> Optional[str]:

@@ -12,21 +12,31 @@ but the task can start again (stall_watch.py), sooner than after
   fail a step whose PS was started again), if every peer answers then and
   none was found silent earlier in the step.
 - A sync step also waits, rightly, for the other replicas, the chief's
-  checkpoint saves included, which can take longer than that. Past the same
-  bound (counted from the 99th percentile of the recent steps, RECENT_STEPS),
-  with every peer answering, it counts as hung once every replica's step is
-  (hang_vote.py); or, answering or not, once the global step moved on between
-  two looks (backup workers train on without a hung replica) or has reached
-  the run's last step (the others finished the run).
+  checkpoint saves included, which can take longer than that, and one hung
+  replica stalls the others. Past the same bound (counted from the 99th
+  percentile of the recent steps, RECENT_STEPS), with every peer answering,
+  it counts as hung once every replica's step is (hang_vote.py).
+- With backup workers (--replicas_to_aggregate below the workers) the others
+  train on without a hung replica, so no vote completes. But every global
+  step gives each replica a token that ends its step once its gradient is in
+  (sync_replicas.py), and a hung step's gradient never goes in: so a sync
+  step past the bound, answering or not, counts as hung once the global step
+  has moved on since the first look past the bound and the step is still
+  running a look later (a healthy step ends a moment after the move that
+  frees it). Without backup workers a hung replica's missing gradient holds
+  the global step still, and the vote decides.
+- A sync step past the bound once the global step has reached the run's
+  last step hangs in a run the others have finished: a worker other than the
+  chief leaves it (exit 0, even with no restart left), the chief starts again.
 
 Not in a session's first STEPS_BEFORE_HANG_BOUND steps, which can be slow
 (nor do they count toward the bound): there a sync replica only follows a
-vote another began, or the global step.
+vote another began, or leaves a run that is over.
 """
 
 import collections
 import time
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
@@ -40,20 +50,29 @@ RECENT_STEPS = 1000
 LEAVE_RETRY_SECS = 5.0
 
 
+class Hung(NamedTuple):
+  """A step that counts as hung: why, whether every peer answers, and
+  whether the task leaves (a worker in a run that is over) or starts again."""
+  why: str
+  answering: bool
+  leaves: bool = False
+
+
 class HangRules:
   """One task's rules, fed its session's steps; asked from the watch's thread.
 
   Args:
     timeout_secs: --wait_timeout_secs, the bound on every step.
-    early: whether a step may count as hung before `timeout_secs` (async).
+    hang_restarts: whether an async step may count as hung before
+      `timeout_secs`.
     vote: a hang_vote.HangVote (sync replicas), or None.
     clock: the stall watch's monotonic clock.
   """
 
-  def __init__(self, timeout_secs: float, early: bool = False, vote=None,
-               clock: Callable[[], float] = time.monotonic):
+  def __init__(self, timeout_secs: float, hang_restarts: bool = False,
+               vote=None, clock: Callable[[], float] = time.monotonic):
     self._timeout = timeout_secs
-    self._early = early
+    self._hang_restarts = hang_restarts
     self.vote = vote
     self._clock = clock
     self._steps = 0
@@ -62,11 +81,12 @@ class HangRules:
     self._voted_in = None  # The step whose hang vote this replica is in.
     # (the step, the global step at the first look past its bound).
     self._global_step_at_look = None
+    self._moved_in = None  # The step in whose look the global step moved.
     # Whether its flag may be set still, and when to try clearing it next.
     self._leave_owed, self._next_leave = False, 0.0
 
   @property
-  def looks_past_silence(self) -> bool:
+  def looks_when_silent(self) -> bool:
     """Whether a step with a silent peer can still count as hung (sync)."""
     return self.vote is not None
 
@@ -90,6 +110,8 @@ class HangRules:
     """Clears this replica's hang-vote flag once the step it voted in
     (`started` is the step now, if any) has ended, or a session started,
     and tries again every LEAVE_RETRY_SECS until that works."""
+    if self.vote is None:
+      return
     if self._voted_in is not None and started != self._voted_in:
       self._voted_in = None  # That step ended.
       self._leave_owed, self._next_leave = True, 0.0
@@ -109,17 +131,18 @@ class HangRules:
         return min(self._timeout, HANG_FLOOR_SECS)
       recent = sorted(self._recent_steps)
       step = recent[int(0.99 * (len(recent) - 1))] if recent else 0.0
-    elif first_steps or not self._early:
+    elif first_steps or not self._hang_restarts:
       return self._timeout
     else:
       step = self._longest_step
     return min(self._timeout, max(HANG_FLOOR_SECS, HANG_STEP_FACTOR * step))
 
   def why_hung(self, started: float, bound: float, silent: bool,
-               still_in: Callable[[float], bool]):
-    """At a look past `bound`: (why, whether every peer answers, whether the
-    run is over) for a step that counts as hung, or None. `still_in(started)`
-    says whether the task is still in that step."""
+               still_in: Callable[[float], bool],
+               may_restart: bool = True) -> Optional[Hung]:
+    """At a look past `bound`: a Hung for a step that counts as hung, or
+    None. `still_in(started)` says whether the task is still in that step;
+    without `may_restart` (no restart left) only leaving counts."""
     informed = self._steps >= STEPS_BEFORE_HANG_BOUND
     vote = self.vote
     steps = ("the longest of this session's steps" if vote is None else
@@ -128,11 +151,15 @@ class HangRules:
            f"{HANG_FLOOR_SECS:.0f} s" if informed else
            f"past {bound:.0f} s, in one of this session's first steps")
     if vote is None:
-      return None if silent else (why, True, False)
-    by_step = self._by_the_global_step(started)
-    if by_step:
+      return None if silent or not may_restart else Hung(why, True)
+    by_step = self._by_the_global_step(started, informed)
+    if by_step and still_in(started):  # Not a step that ended as it read.
       moved, run_over = by_step
-      return f"{why}; {moved}", not silent, run_over
+      leaves = run_over and not vote.is_chief
+      if may_restart or leaves:
+        return Hung(f"{why}; {moved}", not silent, leaves)
+    if not may_restart:
+      return None
     if self._voted_in != started and silent:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
@@ -140,12 +167,13 @@ class HangRules:
     agreed = vote.verdict(may_decide=not silent, may_begin=informed)
     if agreed is None or not still_in(started):
       return None  # Or the step ended while it voted.
-    return f"{why}; {agreed}", not silent, False
+    return Hung(f"{why}; {agreed}", not silent)
 
-  def _by_the_global_step(self, started: float):
+  def _by_the_global_step(self, started: float, informed: bool):
     """(why, whether the run is over) when the global step shows a sync
-    step hung though no vote can agree, else None: it moved on since the
-    first look past the bound (backup workers), or reached the last step."""
+    step hung though no vote can agree, else None: it reached the last step,
+    or (past the first steps) it moved on since the first look past the
+    bound and this is a later look still."""
     vote = self.vote
     now = vote.global_step()
     if now is None:
@@ -153,11 +181,18 @@ class HangRules:
     if vote.last_step is not None and now >= vote.last_step:
       return (f"the run reached its last step meanwhile (global step {now} of "
               f"{vote.last_step})"), True
+    if not informed:
+      return None
     looked = self._global_step_at_look
     if looked is None or looked[0] != started:
       self._global_step_at_look = (started, now)
       return None
     if now <= looked[1]:
+      return None
+    if self._moved_in != started:
+      # A healthy step ends a moment after the move that frees it, maybe
+      # while this look read: the next look tells.
+      self._moved_in = started
       return None
     return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
             "the other replicas train without it"), False

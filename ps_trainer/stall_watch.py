@@ -189,8 +189,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       started = self._step_started
-      if self._rules.vote is not None:
-        self._rules.leave_if_owed(started)
+      self._rules.leave_if_owed(started)
       if started is None:
         continue
       if started != step:
@@ -201,13 +200,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         self._give_up(waited)
         return  # Not reached: the process ends or starts again.
       hang_bound = self._rules.bound()
-      if ((not silent or self._rules.looks_past_silence)
+      if ((not silent or self._rules.looks_when_silent)
           and waited >= max(hang_bound, next_look)):
         next_look = waited + self._note_every  # Peers are probed: not often.
         silent = silent or self._a_peer_silent_now()
         hung = self._why_hung(started, hang_bound, silent)
+        if hung and hung.leaves:
+          self._leave(waited, hung.why)
+          return  # Not reached: the process ends.
         if hung:
-          self._restart_or_exit(waited, *hung)
+          self._restart_or_exit(waited, hung.why, hung.answering)
           return  # Not reached: the program has started again.
       if waited >= next_note:
         errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
@@ -248,11 +250,13 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
 
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: HangRules.why_hung, if this task may
-    start again and is still in that step."""
-    if not self._can_restart() or self._step_started != started:
+    start again or leave, and is still in that step."""
+    if (self._restart_if is None or self._stop.requested
+        or self._step_started != started):
       return None
     return self._rules.why_hung(started, hang_bound, silent,
-                                lambda step: self._step_started == step)
+                                lambda step: self._step_started == step,
+                                may_restart=self._can_restart())
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""
@@ -271,16 +275,16 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       return  # Not reached: the program has started again.
     self._exit(waited)
 
+  def _leave(self, waited: float, bound: str) -> None:
+    """A worker's step hung in a run that is over: nothing is left to do but
+    say it is done (a last resort). Started again, it would wait for a chief
+    that has finished. (The chief starts again: its new session has nothing
+    to train and writes result.json and the export.)"""
+    self._stop.force_exit(f"a step waited {waited:.0f} s ({bound}): nothing "
+                          "is left to train", 0)
+
   def _restart_or_exit(self, waited: float, bound: str,
-                       answering: bool = True, run_over: bool = False) -> None:
-    if run_over and not self._rules.vote.is_chief:
-      # Nothing left to do but say it is done (a last resort). A restarted
-      # worker would wait for a chief that finished. The chief starts again:
-      # its new session has nothing to train and writes result.json and the
-      # export, as every finished run does.
-      self._stop.force_exit(f"a step waited {waited:.0f} s ({bound}): nothing "
-                            "is left to train", 0)
-      return  # Not reached: the process ends.
+                       answering: bool = True) -> None:
     try:
       self._stop.restart(f"a step waited {waited:.0f} s ({bound})"
                          + (" while every peer answers" if answering else ""))

@@ -183,8 +183,8 @@ class FaultyCluster(watch.TaskWatch):
       except OSError:
         self.kill_offsets[other] = 0
     proc.signal_group(sig)
-    # A stopped task may take its 20 s grace.
-    bound_secs = 10 if sig == signal.SIGKILL else 30
+    # A stopped task may take its grace: 20 s, a PS's 35 (stops.PS_GRACE_SECS).
+    bound_secs = 10 if sig == signal.SIGKILL else 40
     deadline = time.monotonic() + bound_secs
     while testutil.group_alive(proc.pid) and time.monotonic() < deadline:
       time.sleep(0.05)

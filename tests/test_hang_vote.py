@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from ps_trainer import cluster
 from ps_trainer import hang_vote
+from ps_trainer import placement
 from ps_trainer import ps_flags
 from ps_trainer import server as server_lib
 import inprocess_cluster
@@ -94,16 +95,16 @@ class HangVoteTest(absltest.TestCase):
     info = two_ps.info("worker", 0)
     graph = tf.Graph()
     with graph.as_default():
-      # Made as train_graph makes it, on the second PS.
-      with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
-          ps_tasks=2, ps_strategy=lambda op: 1, cluster=info.cluster_spec())):
+      # Placed as train_graph places it; a larger variable first takes PS 0.
+      with tf.compat.v1.device(placement.device_function(info)):
+        tf.compat.v1.get_variable("filler", [1000])
         step = tf.compat.v1.train.get_or_create_global_step()
       moved = step.assign_add(37)
     with tf.compat.v1.Session(two_ps.targets[0], graph=graph,
                               config=server_lib.session_config(info)) as session:
       session.run(step.initializer)
       session.run(moved)
-    self.assertEqual(step.device, "/job:ps/task:1")
+    self.assertEqual(tf.DeviceSpec.from_string(step.device).task, 1)
     vote = hang_vote.HangVote(two_ps.targets[0], info, global_step_device=step.device)
     self.assertEqual(vote.global_step(), 37)
 

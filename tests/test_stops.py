@@ -5,7 +5,6 @@ import dataclasses
 import io
 import math
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -384,7 +383,8 @@ class _RestartingStop(_RecordingStop):
 
 class _FakeVote:
   """A hang vote (hang_vote.HangVote) whose verdicts, leave() results and global steps are
-  given, one per call (then None, True and None); its calls but the reads of the global step."""
+  given, one per call (then None, True and None); its calls but the reads of the global step,
+  and how many looks it has seen (each begins with a read)."""
 
   def __init__(self, verdicts, leaves=(), global_steps=(), last_step=None, is_chief=False):
     self.last_step = last_step
@@ -393,22 +393,21 @@ class _FakeVote:
     self._leaves = list(leaves)
     self._global_steps = list(global_steps)
     self.calls = []
-    self.verdicts = 0  # Counted last, once the verdict is made.
+    self.looks = 0
     self.on_verdict = lambda: None
 
   def verdict(self, may_decide, may_begin=True):
     self.on_verdict()
     self.calls.append(("verdict may decide" if may_decide else "verdict")
                       + ("" if may_begin else ", joining only"))
-    verdict = self._verdicts.pop(0) if self._verdicts else None
-    self.verdicts += 1
-    return verdict
+    return self._verdicts.pop(0) if self._verdicts else None
 
   def leave(self):
     self.calls.append("leave")
     return self._leaves.pop(0) if self._leaves else True
 
   def global_step(self):
+    self.looks += 1
     return self._global_steps.pop(0) if self._global_steps else None
 
 
@@ -431,15 +430,6 @@ def _stuck_after(steps, stop, clock, silent_from, **watch_args):
   hook.before_run(None)
   began[0] = clock.now
   return hook, began[0]
-
-
-class _Matches(str):
-  """Equal to the strings `pattern` matches (re.search)."""
-
-  def __eq__(self, other):
-    return isinstance(other, str) and re.search(self, other) is not None
-
-  __hash__ = str.__hash__
 
 
 def _wait_for(condition, secs: float = 10.0) -> None:
@@ -769,15 +759,16 @@ class StallWatchHookTest(absltest.TestCase):
 
   def sync_hang(self, verdicts, silent_from=math.inf, leaves=(), global_steps=(),
                 steps=(0.001,) * hung_step.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
-                step_ends_in_verdict=False, last_step=None, who="worker 1", forced=()):
+                step_ends_in_verdict=False, last_step=None, who="worker 1", exits=None,
+                restarts_made=0):
     """A sync replica's steps taking `steps` s, then one that never returns, with a hang vote
     whose verdicts are `verdicts`, whose leave() returns `leaves` (then True) and whose reads
     of the global step return `global_steps` (then None), of a run whose last step is
     `last_step`; the watch looks at `looks` s into the stuck step, the clock moving on only
     once it has, and a peer does not answer from `silent_from` s on: (its restarts, the calls
-    to its vote), its forced exits being `forced`."""
-    self.enterContext(mock.patch.dict(os.environ))
-    os.environ.pop(stops.RESTARTS_ENV, None)
+    to its vote). It exits 0 with a reason `exits` matches, or not at all; it has made
+    `restarts_made` restarts in a row before."""
+    self.enterContext(mock.patch.dict(os.environ, {stops.RESTARTS_ENV: str(restarts_made)}))
     stop, clock = _RestartingStop(who), _Clock()
     vote = _FakeVote(verdicts, leaves, global_steps, last_step, is_chief=who == "chief")
     with contextlib.redirect_stdout(io.StringIO()):
@@ -786,13 +777,17 @@ class StallWatchHookTest(absltest.TestCase):
       if step_ends_in_verdict:
         vote.on_verdict = lambda: hook.after_run(None, None)
       for waited in looks:
-        verdicts_before = vote.verdicts
+        looks_before = vote.looks
         clock.now = started + waited
-        _wait_for(lambda: vote.verdicts > verdicts_before or stop.restarts or stop.forced,
-                  secs=2)
+        _wait_for(lambda: vote.looks > looks_before or stop.restarts or stop.forced, secs=2)
       _wait_for(lambda: stop.restarts or stop.forced, secs=0.3)
       hook.finished()
-    self.assertEqual(stop.forced, list(forced))
+    if exits is None:
+      self.assertEqual(stop.forced, [])
+    else:
+      ((reason, status),) = stop.forced
+      self.assertRegex(reason, exits)
+      self.assertEqual(status, 0)
     return stop.restarts, vote.calls
 
   def test_a_sync_step_hung_restarts_before_the_bound_once_every_replica_agrees(self):
@@ -812,18 +807,21 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertEqual((restarts, calls), ([], ["leave"]))  # Never even voted.
 
   def test_a_sync_step_stuck_while_the_global_step_moves_on_restarts_alone(self):
-    # Backup workers: the others train on without it, so no vote can agree.
-    restarts, calls = self.sync_hang([None, None], global_steps=[500, 531])
+    # Backup workers: the others train on without it, so no vote can agree. The look that sees
+    # the move only marks it (a healthy step may be ending); the next one decides.
+    restarts, calls = self.sync_hang([None, None], global_steps=[500, 531, 560],
+                                     looks=(130, 140, 150))
     (reason,) = restarts
-    self.assertRegex(reason, r"^a step waited 140 s \(past 120 s: 100 x 99% of this session's "
-                     r"recent steps, at least 120 s; the global step moved on from 500 to 531 "
+    self.assertRegex(reason, r"^a step waited 150 s \(past 120 s: 100 x 99% of this session's "
+                     r"recent steps, at least 120 s; the global step moved on from 500 to 560 "
                      r"meanwhile: the other replicas train without it\) while every peer "
                      r"answers$")
-    self.assertEqual(calls, ["leave", "verdict may decide"])
+    self.assertEqual(calls, ["leave", "verdict may decide", "verdict may decide"])
     # A backup worker gone for good is silent, and the others train on without it too.
-    restarts, calls = self.sync_hang([None], silent_from=10, global_steps=[500, 531])
+    restarts, calls = self.sync_hang([], silent_from=10, global_steps=[500, 531, 560],
+                                     looks=(130, 140, 150))
     (reason,) = restarts
-    self.assertRegex(reason, r"; the global step moved on from 500 to 531 meanwhile: the other "
+    self.assertRegex(reason, r"; the global step moved on from 500 to 560 meanwhile: the other "
                      r"replicas train without it\)$")
     self.assertEqual(calls, ["leave"])
 
@@ -833,9 +831,11 @@ class StallWatchHookTest(absltest.TestCase):
     ended = (r"^a step waited 130 s \(past 120 s: .*; the run reached its last step meanwhile "
              r"\(global step 4000 of 4000\)\)")
     restarts, calls = self.sync_hang([], global_steps=[4000], last_step=4000, looks=(130,),
-                                     silent_from=10,
-                                     forced=[(_Matches(ended + ": nothing is left to train$"), 0)])
+                                     silent_from=10, exits=ended + ": nothing is left to train$")
     self.assertEqual((restarts, calls), ([], ["leave"]))
+    # So does a worker that has no restart left.
+    self.sync_hang([], global_steps=[4000], last_step=4000, looks=(130,),
+                   exits=ended + ": nothing is left to train$", restarts_made=stops.MAX_RESTARTS)
     restarts, calls = self.sync_hang([], global_steps=[4000], last_step=4000, looks=(130,),
                                      silent_from=10, who="chief")
     (reason,) = restarts
