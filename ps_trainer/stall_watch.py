@@ -205,12 +205,12 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         next_look = waited + self._note_every  # Peers are probed: not often.
         silent = silent or self._a_peer_silent_now()
         hung = self._why_hung(started, hang_bound, silent)
-        if hung and hung.leaves:
-          self._leave(waited, hung.why)
-          return  # Not reached: the process ends.
         if hung:
-          self._restart_or_exit(waited, hung.why, hung.answering)
-          return  # Not reached: the program has started again.
+          if hung.leaves:
+            self._leave(waited, hung.why)
+          else:
+            self._restart_or_exit(waited, hung.why, hung.answering)
+          return  # Not reached: the process ends or starts again.
       if waited >= next_note:
         errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
@@ -256,7 +256,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       return None
     return self._rules.why_hung(started, hang_bound, silent,
                                 lambda step: self._step_started == step,
-                                may_restart=self._can_restart())
+                                may_restart=self._stop.restarts_left() > 0)
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""
