@@ -19,52 +19,33 @@ stopped while its flag was set), trying again until that works: a flag left
 set could complete a vote in a legitimate wait.
 
 With backup workers no vote completes, and the global step tells instead
-(hung_step.py): so HangVote also reads it (global_step), and knows the run's
-last step.
+(hung_step.py). Every run on PS 0 goes through ps_runs.PsRuns, bounded.
 """
 
-import threading
 from typing import Optional
 
 import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
-from ps_trainer import errors
 from ps_trainer import ps_flags
-from ps_trainer import waits
+from ps_trainer import ps_runs
 
 
 class HangVote:
   """One sync replica's part in the vote, run from its stall watch's thread.
 
   Args:
-    target: this task's server target.
+    runs: this replica's bounded runs on the PS tasks (shared with its other
+      reads there, so that one waiting run holds up the rest).
     info: this task's ClusterInfo.
-    global_step_device: the device of the global step, e.g. "/job:ps/task:1".
-    last_step: the run's last global step (--train_steps); None: none.
-    timeout_secs: the bound on each run on a PS.
-
-  Attributes:
-    last_step: as given.
-    is_chief: whether this replica is the chief.
   """
 
-  def __init__(self, target: str, info: cluster_lib.ClusterInfo,
-               global_step_device: str = "/job:ps/task:0",
-               last_step: Optional[int] = None, timeout_secs: float = 10.0):
-    self._target = target
-    self._info = info
-    self.last_step = last_step
-    self.is_chief = info.is_chief
-    self._global_step_device = global_step_device
-    self._global_step_ps = tf.DeviceSpec.from_string(
-        global_step_device).task or 0
-    self._timeout = timeout_secs
+  def __init__(self, runs: ps_runs.PsRuns, info: cluster_lib.ClusterInfo):
+    self._runs = runs
     self._index = info.replica_index
     self._count = info.num_workers
     # The count of agreed restarts when this replica set its flag.
     self._restarts_at_join = None
-    self._running = None  # The thread of the last run on a PS.
 
   def verdict(self, may_decide: bool, may_begin: bool = True
               ) -> Optional[str]:
@@ -108,17 +89,6 @@ class HangVote:
     return not flags[self._index] or self._run(
         lambda f: tf.compat.v1.scatter_update(f, [self._index], [0])) is not None
 
-  def global_step(self) -> Optional[int]:
-    """The global step now, read from its PS; None when that failed."""
-
-    def read():
-      with tf.device(self._global_step_device):
-        # Made as the training graph makes it, so the same variable on the PS.
-        return tf.compat.v1.train.get_or_create_global_step().read_value()
-
-    value = self._run_on(self._global_step_ps, read, "read the global step")
-    return None if value is None else int(value)
-
   def _join(self, may_begin: bool) -> bool:
     """Sets this replica's flag; whether it did."""
     # The count first: a replica that sees this flag set and moves the count
@@ -133,43 +103,8 @@ class HangVote:
     return True
 
   def _run(self, make_fetch):
-    """make_fetch(PS 0's hang flags), run; None when the run failed."""
-    return self._run_on(0, lambda: make_fetch(ps_flags.hang_flags(self._count)),
-                        "take part in the vote on a hung sync step")
-
-  def _run_on(self, ps_index: int, build, doing: str):
-    """build()'s fetch, run on PS `ps_index`; None when the run failed.
-
-    A failed run leaves the vote undecided: it is taken again at the next
-    look, and --wait_timeout_secs still bounds the step. The run is on a
-    thread of its own, waited for `timeout_secs`: TF creates a session
-    without any bound when a task it needs does not answer, and the stall
-    watch that votes must never block on one. While such a run waits, no
-    other starts.
-    """
-    who = self._info.replica_name(self._index)
-    if self._running is not None and self._running.is_alive():
-      return None  # Its warning was said.
-    if not waits.reachable(self._info.jobs["ps"][ps_index], timeout_secs=1.0):
-      return None  # The step's notes name it.
-    outcome = {}
-
-    def run():
-      try:
-        outcome["value"] = ps_flags.run_on_ps(
-            self._target, self._info, [ps_index], self._timeout, build)
-      except tf.errors.OpError as e:
-        outcome["error"] = errors.first_line(e.message)
-      except Exception as e:  # pylint: disable=broad-except
-        # Not TF's: a vote that fails must still leave the watch to its bound.
-        outcome["error"] = f"{type(e).__name__}: {errors.first_line(str(e))}"
-
-    self._running = threading.Thread(target=run, name="ps_trainer_hang_vote",
-                                     daemon=True)
-    self._running.start()
-    self._running.join(self._timeout)
-    if "value" in outcome:
-      return outcome["value"]
-    failure = outcome.get("error", f"no answer within {self._timeout:.0f} s")
-    errors.warn(f"{who}: could not {doing} on ps {ps_index}: {failure}")
-    return None
+    """make_fetch(PS 0's hang flags), run; None when the run failed, which
+    leaves the vote undecided until the next look."""
+    return self._runs.run(
+        0, lambda: make_fetch(ps_flags.hang_flags(self._count)),
+        "take part in the vote on a hung sync step")

@@ -58,6 +58,21 @@ class Hung(NamedTuple):
   leaves: bool = False
 
 
+class SyncReplica(NamedTuple):
+  """What a sync replica's rules ask of the cluster.
+
+  vote: its hang_vote.HangVote.
+  global_step: () -> the global step now, read on its PS; None: that failed
+    (ps_runs.global_step_reader).
+  last_step: the run's last global step (--train_steps); None: none.
+  is_chief: whether this replica is the chief.
+  """
+  vote: object
+  global_step: Callable[[], Optional[int]]
+  last_step: Optional[int]
+  is_chief: bool
+
+
 class HangRules:
   """One task's rules, fed its session's steps; asked from the watch's thread.
 
@@ -65,15 +80,16 @@ class HangRules:
     timeout_secs: --wait_timeout_secs, the bound on every step.
     hang_restarts: whether an async step may count as hung before
       `timeout_secs`.
-    vote: a hang_vote.HangVote (sync replicas), or None.
+    sync: a SyncReplica (sync replicas), or None.
     clock: the stall watch's monotonic clock.
   """
 
   def __init__(self, timeout_secs: float, hang_restarts: bool = False,
-               vote=None, clock: Callable[[], float] = time.monotonic):
+               sync: Optional[SyncReplica] = None,
+               clock: Callable[[], float] = time.monotonic):
     self._timeout = timeout_secs
     self._hang_restarts = hang_restarts
-    self.vote = vote
+    self._sync = sync
     self._clock = clock
     self._steps = 0
     self._longest_step = 0.0
@@ -88,14 +104,14 @@ class HangRules:
   @property
   def looks_when_silent(self) -> bool:
     """Whether a step with a silent peer can still count as hung (sync)."""
-    return self.vote is not None
+    return self._sync is not None
 
   def session_starting(self) -> None:
     self._steps, self._longest_step = 0, 0.0
     self._recent_steps.clear()
 
   def session_created(self) -> None:
-    if self.vote is not None:
+    if self._sync is not None:
       # Its flag may be set still, if it was stopped or restarted mid-vote.
       # The watch's thread clears it: every call into the vote is made there.
       self._leave_owed, self._next_leave = True, 0.0
@@ -110,7 +126,7 @@ class HangRules:
     """Clears this replica's hang-vote flag once the step it voted in
     (`started` is the step now, if any) has ended, or a session started,
     and tries again every LEAVE_RETRY_SECS until that works."""
-    if self.vote is None:
+    if self._sync is None:
       return
     if self._voted_in is not None and started != self._voted_in:
       self._voted_in = None  # That step ended.
@@ -119,14 +135,14 @@ class HangRules:
     if not self._leave_owed or now < self._next_leave:
       return
     self._next_leave = now + LEAVE_RETRY_SECS
-    if self.vote.leave():
+    if self._sync.vote.leave():
       self._leave_owed = False
 
   def bound(self) -> float:
     """How long a step may wait, while every peer answers, before it is
     taken for TF's repeat hang (HANG_STEP_FACTOR)."""
     first_steps = self._steps < STEPS_BEFORE_HANG_BOUND
-    if self.vote is not None:
+    if self._sync is not None:
       if first_steps:  # It may only join a vote another replica began.
         return min(self._timeout, HANG_FLOOR_SECS)
       recent = sorted(self._recent_steps)
@@ -144,18 +160,18 @@ class HangRules:
     None. `still_in(started)` says whether the task is still in that step;
     without `may_restart` (no restart left) only leaving counts."""
     informed = self._steps >= STEPS_BEFORE_HANG_BOUND
-    vote = self.vote
-    steps = ("the longest of this session's steps" if vote is None else
+    sync = self._sync
+    steps = ("the longest of this session's steps" if sync is None else
              "99% of this session's recent steps")
     why = (f"past {bound:.0f} s: {HANG_STEP_FACTOR} x {steps}, at least "
            f"{HANG_FLOOR_SECS:.0f} s" if informed else
            f"past {bound:.0f} s, in one of this session's first steps")
-    if vote is None:
+    if sync is None:
       return None if silent or not may_restart else Hung(why, True)
     by_step = self._by_the_global_step(started, informed)
     if by_step and still_in(started):  # Not a step that ended as it read.
       moved, run_over = by_step
-      leaves = run_over and not vote.is_chief
+      leaves = run_over and not sync.is_chief
       if may_restart or leaves:
         return Hung(f"{why}; {moved}", not silent, leaves)
     if not may_restart:
@@ -164,7 +180,7 @@ class HangRules:
       return None  # As in async mode: a peer was silent, so not a hang.
     self._voted_in = started
     self._leave_owed = False  # Its flag is this step's now.
-    agreed = vote.verdict(may_decide=not silent, may_begin=informed)
+    agreed = sync.vote.verdict(may_decide=not silent, may_begin=informed)
     if agreed is None or not still_in(started):
       return None  # Or the step ended while it voted.
     return Hung(f"{why}; {agreed}", not silent)
@@ -174,13 +190,13 @@ class HangRules:
     step hung though no vote can agree, else None: it reached the last step,
     or (past the first steps) it moved on since the first look past the
     bound and this is a later look still."""
-    vote = self.vote
-    now = vote.global_step()
+    last_step = self._sync.last_step
+    now = self._sync.global_step()
     if now is None:
       return None
-    if vote.last_step is not None and now >= vote.last_step:
+    if last_step is not None and now >= last_step:
       return (f"the run reached its last step meanwhile (global step {now} of "
-              f"{vote.last_step})"), True
+              f"{last_step})"), True
     if not informed:
       return None
     looked = self._global_step_at_look

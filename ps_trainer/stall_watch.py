@@ -46,7 +46,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   restarts itself (`stop.restart`) rather than exit: a few times in a row at
   most, where a restart after which the task trained for `timeout_secs` is
   forgotten (a long run meets many repeats). With `hang_restarts` (async
-  replicas) or `hang_vote` (sync replicas) it does so sooner, once
+  replicas) or `sync_replica` (sync replicas) it does so sooner, once
   hung_step.HangRules says the step is hung; a sync worker whose step hung
   in a run that is over exits 0 instead.
 
@@ -78,8 +78,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     silent_when_named: () -> whether `what()`, when last called, found a
       peer not answering.
     hang_restarts: restart sooner for a step that looks hung (above).
-    hang_vote: a hang_vote.HangVote: restart sooner for a sync step that
-      looks hung (above).
+    sync_replica: a hung_step.SyncReplica: restart sooner for a sync step
+      that looks hung (above).
     clock: the monotonic clock of every bound (tests pass their own).
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
@@ -92,14 +92,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                start_peers: Optional[Callable[[], str]] = None,
                silent_when_named: Callable[[], bool] = lambda: False,
                hang_restarts: bool = False,
-               hang_vote=None,
+               sync_replica: Optional[hung_step.SyncReplica] = None,
                clock: Callable[[], float] = time.monotonic):
     self._stop = stop
     self._what = what
     self._restart_if = restart_if
     self._silent_when_named = silent_when_named
-    self._rules = hung_step.HangRules(timeout_secs, hang_restarts, hang_vote,
-                                      clock)
+    self._rules = hung_step.HangRules(timeout_secs, hang_restarts,
+                                      sync_replica, clock)
     self._clock = clock
     self._timeout = timeout_secs
     self._note_every = note_every_secs

@@ -18,7 +18,9 @@ from ps_trainer import errors
 from ps_trainer import hang_vote as hang_vote_lib
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import host_cores
+from ps_trainer import hung_step
 from ps_trainer import peers
+from ps_trainer import ps_runs
 from ps_trainer import repeats
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
@@ -211,10 +213,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         start_peers=others.session_peers,
         silent_when_named=others.silent_when_named,
         hang_restarts=not cfg.train.sync_replicas,
-        hang_vote=(hang_vote_lib.HangVote(target, cfg.cluster,
-                                          tg.global_step.device,
-                                          cfg.train.train_steps)
-                   if cfg.train.sync_replicas else None))
+        sync_replica=(_sync_replica(cfg, tg, target)
+                      if cfg.train.sync_replicas else None))
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),
@@ -239,6 +239,17 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       os.path.join(cfg.train.log_dir, "result.json"), progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result, stall_watch)
+
+
+def _sync_replica(cfg, tg: train_graph.TrainGraph, target: str
+                  ) -> hung_step.SyncReplica:
+  """What a sync replica's stall watch reads on the PS tasks to tell a hung
+  step: the hang vote and the global step, through one bounded runner."""
+  runs = ps_runs.PsRuns(target, cfg.cluster)
+  return hung_step.SyncReplica(
+      vote=hang_vote_lib.HangVote(runs, cfg.cluster),
+      global_step=ps_runs.global_step_reader(runs, tg.global_step.device),
+      last_step=cfg.train.train_steps, is_chief=cfg.is_chief)
 
 
 def _file_stem(cfg: config_lib.Config) -> str:

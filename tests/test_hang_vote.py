@@ -15,6 +15,7 @@ from ps_trainer import cluster
 from ps_trainer import hang_vote
 from ps_trainer import placement
 from ps_trainer import ps_flags
+from ps_trainer import ps_runs
 from ps_trainer import server as server_lib
 import inprocess_cluster
 import testutil
@@ -36,8 +37,9 @@ class HangVoteTest(absltest.TestCase):
     super().setUp()
     # What PS 0 does when it starts: the flags of the test before are gone.
     ps_flags.init_done_flags(self.cluster.ps_targets[0], self.cluster.info("ps", 0))
-    self.votes = [hang_vote.HangVote(self.cluster.targets[i], self.cluster.info("worker", i))
-                  for i in range(3)]
+    infos = [self.cluster.info("worker", i) for i in range(3)]
+    self.votes = [hang_vote.HangVote(ps_runs.PsRuns(self.cluster.targets[i], info), info)
+                  for i, info in enumerate(infos)]
 
   def flags(self):
     """PS 0's hang flags: one per replica, then the count of agreed restarts."""
@@ -105,18 +107,19 @@ class HangVoteTest(absltest.TestCase):
       session.run(step.initializer)
       session.run(moved)
     self.assertEqual(tf.DeviceSpec.from_string(step.device).task, 1)
-    vote = hang_vote.HangVote(two_ps.targets[0], info, global_step_device=step.device)
-    self.assertEqual(vote.global_step(), 37)
+    read = ps_runs.global_step_reader(ps_runs.PsRuns(two_ps.targets[0], info), step.device)
+    self.assertEqual(read(), 37)
 
   def test_a_vote_with_ps_0_gone_waits_on_at_once(self):
     ps_port, worker_port = testutil.pick_free_ports(2)
     info = cluster.from_flags(f"127.0.0.1:{ps_port}", f"127.0.0.1:{worker_port}", "worker", 0)
-    vote = hang_vote.HangVote("grpc://127.0.0.1:1", info, timeout_secs=5)
+    runs = ps_runs.PsRuns("grpc://127.0.0.1:1", info, timeout_secs=5)
+    vote = hang_vote.HangVote(runs, info)
     started = time.monotonic()
     with contextlib.redirect_stderr(io.StringIO()):
       self.assertIsNone(vote.verdict(may_decide=True))
-      vote.leave()
-      self.assertIsNone(vote.global_step())
+      self.assertFalse(vote.leave())
+      self.assertIsNone(ps_runs.global_step_reader(runs, "/job:ps/task:0")())
     self.assertLess(time.monotonic() - started, 5)
 
 

@@ -382,13 +382,12 @@ class _RestartingStop(_RecordingStop):
 
 
 class _FakeVote:
-  """A hang vote (hang_vote.HangVote) whose verdicts, leave() results and global steps are
-  given, one per call (then None, True and None); its calls but the reads of the global step,
-  and how many looks it has seen (each begins with a read)."""
+  """A hang vote (hang_vote.HangVote) whose verdicts and leave() results are given, one per
+  call (then None and True), and reads of the global step beside it that return
+  `global_steps` (then None); it records its calls but the reads, and how many looks it has
+  seen (each begins with a read)."""
 
-  def __init__(self, verdicts, leaves=(), global_steps=(), last_step=None, is_chief=False):
-    self.last_step = last_step
-    self.is_chief = is_chief
+  def __init__(self, verdicts, leaves=(), global_steps=()):
     self._verdicts = list(verdicts)
     self._leaves = list(leaves)
     self._global_steps = list(global_steps)
@@ -409,6 +408,9 @@ class _FakeVote:
   def global_step(self):
     self.looks += 1
     return self._global_steps.pop(0) if self._global_steps else None
+
+  def sync_replica(self, last_step=None, is_chief=False):
+    return hung_step.SyncReplica(self, self.global_step, last_step, is_chief)
 
 
 def _stuck_after(steps, stop, clock, silent_from, **watch_args):
@@ -770,10 +772,10 @@ class StallWatchHookTest(absltest.TestCase):
     `restarts_made` restarts in a row before."""
     self.enterContext(mock.patch.dict(os.environ, {stops.RESTARTS_ENV: str(restarts_made)}))
     stop, clock = _RestartingStop(who), _Clock()
-    vote = _FakeVote(verdicts, leaves, global_steps, last_step, is_chief=who == "chief")
+    vote = _FakeVote(verdicts, leaves, global_steps)
     with contextlib.redirect_stdout(io.StringIO()):
       hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.01,
-                                   hang_vote=vote)
+                                   sync_replica=vote.sync_replica(last_step, who == "chief"))
       if step_ends_in_verdict:
         vote.on_verdict = lambda: hook.after_run(None, None)
       for waited in looks:
@@ -879,7 +881,7 @@ class StallWatchHookTest(absltest.TestCase):
     vote, clock = _FakeVote([], leaves=[False]), _Clock()
     hook = stall_watch.StallWatchHook(_RestartingStop("worker 1"), lambda: "the PS tasks",
                                       timeout_secs=600, poll_secs=0.01, restart_if=lambda: True,
-                                      hang_vote=vote, clock=clock)
+                                      sync_replica=vote.sync_replica(), clock=clock)
     with contextlib.redirect_stdout(io.StringIO()):
       hook.after_create_session(None, None)
       _wait_for(lambda: vote.calls == ["leave"])
