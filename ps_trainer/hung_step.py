@@ -21,10 +21,12 @@ but the task can start again (stall_watch.py), sooner than after
   step gives each replica a token that ends its step once its gradient is in
   (sync_replicas.py), and a hung step's gradient never goes in: so a sync
   step past the bound, answering or not, counts as hung once the global step
-  has moved on since the first look past the bound and the step is still
-  running a look later (a healthy step ends a moment after the move that
-  frees it). Without backup workers a hung replica's missing gradient holds
-  the global step still, and the vote decides.
+  has moved on since the step's first note (10 s in; else its first look
+  past the bound) and the step is still running a look later (a healthy step
+  ends a moment after the move that frees it). Noted that early, a replica
+  that hung a while before every other one did still sees the global step
+  move past it. Without backup workers a hung replica's missing gradient
+  holds the global step still, and the vote decides.
 - A sync step past the bound once the global step has reached the run's
   last step hangs in a run the others have finished: a worker other than the
   chief leaves it (exit 0, even with no restart left), the chief starts again.
@@ -95,8 +97,8 @@ class HangRules:
     self._longest_step = 0.0
     self._recent_steps = collections.deque(maxlen=RECENT_STEPS)
     self._voted_in = None  # The step whose hang vote this replica is in.
-    # (the step, the global step at the first look past its bound).
-    self._global_step_at_look = None
+    # (the step, the global step at its first note or look past its bound).
+    self._global_step_seen = None
     self._moved_in = None  # The step in whose look the global step moved.
     # Whether its flag may be set still, and when to try clearing it next.
     self._leave_owed, self._next_leave = False, 0.0
@@ -121,6 +123,21 @@ class HangRules:
     if self._steps > STEPS_BEFORE_HANG_BOUND:
       self._longest_step = max(self._longest_step, took)
       self._recent_steps.append(took)
+
+  def step_noted(self, started: float) -> None:
+    """At a note on the step begun at `started` (every 10 s of it): a sync
+    replica past its session's first steps notes where the global step is,
+    once a read works, for _by_the_global_step to compare later looks with."""
+    if (self._sync is None or self._steps < STEPS_BEFORE_HANG_BOUND
+        or self._seen_in(started)):
+      return
+    now = self._sync.global_step()
+    if now is not None:
+      self._global_step_seen = (started, now)
+
+  def _seen_in(self, started: float) -> bool:
+    seen = self._global_step_seen
+    return seen is not None and seen[0] == started
 
   def leave_if_owed(self, started: Optional[float]) -> None:
     """Clears this replica's hang-vote flag once the step it voted in
@@ -188,8 +205,9 @@ class HangRules:
   def _by_the_global_step(self, started: float, informed: bool):
     """(why, whether the run is over) when the global step shows a sync
     step hung though no vote can agree, else None: it reached the last step,
-    or (past the first steps) it moved on since the first look past the
-    bound and this is a later look still."""
+    or (past the first steps) it moved on since the step's first note
+    (step_noted) or first look past the bound, and this is a later look
+    still."""
     last_step = self._sync.last_step
     now = self._sync.global_step()
     if now is None:
@@ -199,16 +217,16 @@ class HangRules:
               f"{last_step})"), True
     if not informed:
       return None
-    looked = self._global_step_at_look
-    if looked is None or looked[0] != started:
-      self._global_step_at_look = (started, now)
+    if not self._seen_in(started):
+      self._global_step_seen = (started, now)
       return None
-    if now <= looked[1]:
+    seen = self._global_step_seen[1]
+    if now <= seen:
       return None
     if self._moved_in != started:
       # A healthy step ends a moment after the move that frees it, maybe
       # while this look read: the next look tells.
       self._moved_in = started
       return None
-    return (f"the global step moved on from {looked[1]} to {now} meanwhile: "
+    return (f"the global step moved on from {seen} to {now} meanwhile: "
             "the other replicas train without it"), False

@@ -216,6 +216,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
         silent = silent or self._silent_when_named()
         next_note += self._note_every
+        self._rules.step_noted(started)
 
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of

@@ -73,6 +73,24 @@ class GlobalStepTest(absltest.TestCase):
     self.assertEqual(_looks(rules, started=5.0, count=2), [None, None])  # Notes 531, marks 560.
     self.assertIsNotNone(_looks(rules, started=5.0, count=1)[0])
 
+  def test_a_step_noted_before_the_global_step_stopped_sees_it_moved(self):
+    # It hung first; the global step moved on until every other replica hung too, so from its
+    # first look past the bound on the global step stays where it stopped.
+    rules = _rules(_sync([500, 560, 560]))
+    rules.step_noted(1.0)  # 10 s in.
+    rules.step_noted(1.0)  # Read once a step.
+    marked, confirmed = _looks(rules, started=1.0, count=2)
+    self.assertIsNone(marked)
+    self.assertRegex(confirmed.why, r"; the global step moved on from 500 to 560 meanwhile")
+    # A note on another step reads afresh; in a session's first steps, it reads nothing.
+    rules = _rules(_sync([500, 560, 560, 560]))
+    rules.step_noted(1.0)
+    rules.step_noted(5.0)
+    self.assertEqual(_looks(rules, started=5.0, count=2), [None, None])
+    rules = _rules(_sync([500, 560, 560]), steps_done=1)
+    rules.step_noted(1.0)
+    self.assertEqual(_looks(rules, started=1.0, count=2), [None, None])
+
   def test_a_global_step_that_stays_or_goes_back_leaves_it_to_the_vote(self):
     vote = _Vote()
     sync = _sync([500, 500, 400, 450], vote=vote)  # A PS restored from an older checkpoint.

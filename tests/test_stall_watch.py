@@ -496,6 +496,17 @@ class StallWatchHookTest(absltest.TestCase):
                      r"replicas train without it\)$")
     self.assertEqual(calls, ["leave"])
 
+  def test_a_sync_step_notes_the_global_step_ten_seconds_in(self):
+    # It hung before the others did: by its first look past the bound the global step had
+    # stopped (at 560), but it had moved on since the step's first note (500).
+    restarts, calls = self.sync_hang([None, None], global_steps=[500, 560, 560],
+                                     looks=(11, 130, 140))
+    (reason,) = restarts
+    self.assertRegex(reason, r"^a step waited 140 s \(.*; the global step moved on from 500 to "
+                     r"560 meanwhile: the other replicas train without it\) while every peer "
+                     r"answers$")
+    self.assertEqual(calls, ["leave", "verdict may decide"])
+
   def test_a_sync_step_stuck_as_the_run_reached_its_last_step_ends_the_task(self):
     # The others finished the run: a worker leaves (saying it is done), the chief starts again,
     # which ends the run as every finished run ends.
