@@ -23,9 +23,9 @@ but the task can start again (stall_watch.py), sooner than after
   step past the bound, answering or not, counts as hung once the global step
   has moved on since the step's first note (10 s in; else its first look
   past the bound) and the step is still running a look later (a healthy step
-  ends a moment after the move that frees it). Noted that early, a replica
-  that hung a while before every other one did still sees the global step
-  move past it. Without backup workers a hung replica's missing gradient
+  ends a moment after the move that frees it: the later look is for a step
+  that ends as a look reads). Noted that early, a replica that hung a while
+  before every other one did still sees the global step move past it. Without backup workers a hung replica's missing gradient
   holds the global step still, and the vote decides.
 - A sync step past the bound once the global step has reached the run's
   last step hangs in a run the others have finished: a worker other than the
@@ -100,6 +100,7 @@ class HangRules:
     # (the step, the global step at its first note or look past its bound).
     self._global_step_seen = None
     self._moved_in = None  # The step in whose look the global step moved.
+    self._noted_in = None  # The step whose first note read the global step.
     # Whether its flag may be set still, and when to try clearing it next.
     self._leave_owed, self._next_leave = False, 0.0
 
@@ -125,12 +126,15 @@ class HangRules:
       self._recent_steps.append(took)
 
   def step_noted(self, started: float) -> None:
-    """At a note on the step begun at `started` (every 10 s of it): a sync
-    replica past its session's first steps notes where the global step is,
-    once a read works, for _by_the_global_step to compare later looks with."""
+    """At a note on the step begun at `started` (every 10 s of it): at the
+    first, a sync replica past its session's first steps notes where the
+    global step is, for _by_the_global_step to compare later looks with. One
+    read a step: if it fails (its warning said why), the first look past the
+    bound notes it instead."""
     if (self._sync is None or self._steps < STEPS_BEFORE_HANG_BOUND
-        or self._seen_in(started)):
+        or self._noted_in == started or self._seen_in(started)):
       return
+    self._noted_in = started
     now = self._sync.global_step()
     if now is not None:
       self._global_step_seen = (started, now)

@@ -36,17 +36,18 @@ class PsRuns:
     self._timeout = timeout_secs
     self._running = None  # The thread of the last run.
 
-  def run(self, ps_index: int, build: Callable, doing: str):
-    """build()'s fetch, run on PS `ps_index`; None when the run failed, with
-    a warning that says what this replica could not `doing` ("read the
-    global step", say)."""
+  def run(self, ps_index: int, build: Callable, what: str):
+    """build()'s fetch, run on PS `ps_index`; None when it failed, with a
+    warning that this replica could not `what` ("read the global step", say),
+    and without one when an earlier run still waits (its warning was said)
+    or that PS does not accept connections (the step's notes name it)."""
     if self._running is not None and self._running.is_alive():
       return None  # Its warning was said.
     if not waits.reachable(self._info.jobs["ps"][ps_index], timeout_secs=1.0):
       return None  # The step's notes name it.
     outcome = {}
 
-    def run():
+    def attempt():
       try:
         outcome["value"] = ps_flags.run_on_ps(
             self._target, self._info, [ps_index], self._timeout, build)
@@ -56,7 +57,7 @@ class PsRuns:
         # Not TF's: a failed run must still leave the watch to its bound.
         outcome["error"] = f"{type(e).__name__}: {errors.first_line(str(e))}"
 
-    self._running = threading.Thread(target=run, name="ps_trainer_ps_run",
+    self._running = threading.Thread(target=attempt, name="ps_trainer_ps_run",
                                      daemon=True)
     self._running.start()
     self._running.join(self._timeout)
@@ -64,7 +65,7 @@ class PsRuns:
       return outcome["value"]
     failure = outcome.get("error", f"no answer within {self._timeout:.0f} s")
     who = self._info.replica_name(self._info.replica_index)
-    errors.warn(f"{who}: could not {doing} on ps {ps_index}: {failure}")
+    errors.warn(f"{who}: could not {what} on ps {ps_index}: {failure}")
     return None
 
 

@@ -216,7 +216,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                    f"{self._what()}; giving up after {self._timeout:.0f} s")
         silent = silent or self._silent_when_named()
         next_note += self._note_every
-        self._rules.step_noted(started)
+        if self._may_act_on(started):
+          self._rules.step_noted(started)
 
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
@@ -252,12 +253,18 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: HangRules.why_hung, if this task may
     start again or leave, and is still in that step."""
-    if (self._restart_if is None or self._stop.requested
-        or self._step_started != started):
+    if not self._may_act_on(started):
       return None
     return self._rules.why_hung(started, hang_bound, silent,
                                 lambda step: self._step_started == step,
                                 may_restart=self._stop.restarts_left() > 0)
+
+  def _may_act_on(self, started: float) -> bool:
+    """Whether the watch may still start this task again, or have it leave,
+    for the step begun at `started`: it may restart, no stop was asked, and
+    that step is still running."""
+    return (self._restart_if is not None and not self._stop.requested
+            and self._step_started == started)
 
   def _a_peer_silent_now(self) -> bool:
     """Names the peers that do not answer now (no grace): whether any."""

@@ -6,6 +6,7 @@ replica's stall watch does.
 
 import contextlib
 import io
+import socket
 import time
 
 from absl.testing import absltest
@@ -121,6 +122,33 @@ class HangVoteTest(absltest.TestCase):
       self.assertFalse(vote.leave())
       self.assertIsNone(ps_runs.global_step_reader(runs, "/job:ps/task:0")())
     self.assertLess(time.monotonic() - started, 5)
+
+
+  def test_a_ps_that_accepts_connections_but_never_serves_costs_one_bounded_wait(self):
+    # A PS stopped with SIGSTOP, say: the kernel still accepts its connections, and TF would
+    # wait for it without a bound.
+    silent_ps = socket.socket()
+    self.addCleanup(silent_ps.close)
+    silent_ps.bind(("127.0.0.1", 0))
+    silent_ps.listen(16)
+    (worker_port,) = testutil.pick_free_ports(1)
+    info = cluster.from_flags(f"127.0.0.1:{silent_ps.getsockname()[1]}",
+                              f"127.0.0.1:{worker_port}", "worker", 0)
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+      runs = ps_runs.PsRuns(server_lib.start_server(info).target, info, timeout_secs=1)
+      started = time.monotonic()
+      self.assertIsNone(ps_runs.global_step_reader(runs, "/job:ps/task:0")())
+      first = time.monotonic() - started
+      # While that run waits, no other starts: the vote waits on at once, without a warning.
+      self.assertIsNone(hang_vote.HangVote(runs, info).verdict(may_decide=True))
+      second = time.monotonic() - started - first
+    self.assertGreaterEqual(first, 1)
+    self.assertLess(first, 3)
+    self.assertLess(second, 0.5)
+    warnings = [line for line in stderr.getvalue().splitlines() if "could not" in line]
+    self.assertEqual(warnings, ["ps_trainer: warning: worker 0: could not read the global step "
+                                "on ps 0: no answer within 1 s"])
 
 
 if __name__ == "__main__":

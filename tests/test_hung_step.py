@@ -78,18 +78,33 @@ class GlobalStepTest(absltest.TestCase):
     # first look past the bound on the global step stays where it stopped.
     rules = _rules(_sync([500, 560, 560]))
     rules.step_noted(1.0)  # 10 s in.
-    rules.step_noted(1.0)  # Read once a step.
+    rules.step_noted(1.0)  # 20 s in: read once a step.
     marked, confirmed = _looks(rules, started=1.0, count=2)
     self.assertIsNone(marked)
     self.assertRegex(confirmed.why, r"; the global step moved on from 500 to 560 meanwhile")
-    # A note on another step reads afresh; in a session's first steps, it reads nothing.
-    rules = _rules(_sync([500, 560, 560, 560]))
-    rules.step_noted(1.0)
+
+  def test_each_step_is_noted_afresh_and_a_failed_note_leaves_it_to_the_first_look(self):
+    rules = _rules(_sync([500, 560, 600, 600]))
+    rules.step_noted(1.0)  # That step ended; the next one is stuck.
     rules.step_noted(5.0)
-    self.assertEqual(_looks(rules, started=5.0, count=2), [None, None])
-    rules = _rules(_sync([500, 560, 560]), steps_done=1)
+    self.assertEqual(_looks(rules, started=5.0, count=2)[1].why.split("; ")[-1],
+                     "the global step moved on from 560 to 600 meanwhile: the other replicas "
+                     "train without it")
+    rules = _rules(_sync([None, 500, 560, 560]))
+    rules.step_noted(1.0)  # Failed: not read again at the next note.
     rules.step_noted(1.0)
-    self.assertEqual(_looks(rules, started=1.0, count=2), [None, None])
+    self.assertEqual(_looks(rules, started=1.0, count=3)[2].why.split("; ")[-1],
+                     "the global step moved on from 500 to 560 meanwhile: the other replicas "
+                     "train without it")
+
+  def test_no_note_reads_in_a_sessions_first_steps_nor_in_async_mode(self):
+    reads = []
+    sync = hung_step.SyncReplica(_Vote(), lambda: reads.append(1) or 500, None, False)
+    _rules(sync, steps_done=1).step_noted(1.0)
+    hung_step.HangRules(600.0).step_noted(1.0)
+    self.assertEqual(reads, [])
+    _rules(sync).step_noted(1.0)
+    self.assertEqual(reads, [1])
 
   def test_a_global_step_that_stays_or_goes_back_leaves_it_to_the_vote(self):
     vote = _Vote()

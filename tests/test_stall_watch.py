@@ -26,15 +26,15 @@ import stop_fakes
 class _FakeVote:
   """A hang vote (hang_vote.HangVote) whose verdicts and leave() results are given, one per
   call (then None and True), and reads of the global step beside it that return
-  `global_steps` (then None); it records its calls but the reads, and how many looks it has
-  seen (each begins with a read)."""
+  `global_steps` (then None); it records its calls but the reads, and counts the reads (one
+  at each look past the bound, and at a long step's first note)."""
 
   def __init__(self, verdicts, leaves=(), global_steps=()):
     self._verdicts = list(verdicts)
     self._leaves = list(leaves)
     self._global_steps = list(global_steps)
     self.calls = []
-    self.looks = 0
+    self.reads = 0
     self.on_verdict = lambda: None
 
   def verdict(self, may_decide, may_begin=True):
@@ -48,7 +48,7 @@ class _FakeVote:
     return self._leaves.pop(0) if self._leaves else True
 
   def global_step(self):
-    self.looks += 1
+    self.reads += 1
     return self._global_steps.pop(0) if self._global_steps else None
 
   def sync_replica(self, last_step=None, is_chief=False):
@@ -101,7 +101,8 @@ def _whole_step(hook) -> None:
   hook.tail().after_run(None, None)
 
 
-def _stuck_step(stop: stop_fakes.RestartingStop, what, restart_if, timeout_secs: float = 15) -> None:
+def _stuck_step(stop: stop_fakes.RestartingStop, what, restart_if,
+                timeout_secs: float = 15) -> None:
   """Runs a step that never returns until a StallWatchHook (0.3 s bound) gives up on it."""
   hook = stall_watch.StallWatchHook(stop, what, timeout_secs=0.3, note_every_secs=60,
                               poll_secs=0.05, restart_if=restart_if)
@@ -205,7 +206,8 @@ class SessionStartBoundTest(absltest.TestCase):
     stop = stop_fakes.RecordingStop("worker 1")
     hook = self.watch(stop)
     hook.session_starting()  # TF never comes back from creating the session.
-    self.assertRegex(self.forced_reason(stop, hook), r"^gave up after \d+ s starting a session without reaching a "
+    self.assertRegex(self.forced_reason(stop, hook),
+                     r"^gave up after \d+ s starting a session without reaching a "
                      r"step \(at most 4 s, 4 x --wait_timeout_secs\), though the tasks it needs "
                      r"accepted connections \(ps 0 at h:1\): one of them may not be serving "
                      r"\(stopped, paused or wedged\), or a restore is that slow; the newest "
@@ -255,7 +257,8 @@ class SessionStartBoundTest(absltest.TestCase):
     hook.after_create_session(None, None)
     hook.before_run(None)
     hook.after_run(None, None)  # The step is over; the saver's after_run never is.
-    self.assertRegex(self.forced_reason(stop, hook), r"^gave up after \d+ s in the work after a step \(a checkpoint "
+    self.assertRegex(self.forced_reason(stop, hook),
+                     r"^gave up after \d+ s in the work after a step \(a checkpoint "
                      r"save\?\) \(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at h:1 may not "
                      r"be serving")
 
@@ -341,8 +344,6 @@ class StallWatchHookTest(absltest.TestCase):
     self.assertEqual(stop.forced, [])
 
   def test_a_stuck_step_whose_peers_all_answer_starts_the_task_again(self):
-    self.enterContext(mock.patch.dict(os.environ))
-    os.environ.pop(stops.RESTARTS_ENV, None)
     stop = stop_fakes.RestartingStop("chief")
     _stuck_step(stop, lambda: "the PS tasks", restart_if=lambda: True)
     (reason,) = stop.restarts
@@ -393,8 +394,6 @@ class StallWatchHookTest(absltest.TestCase):
     """`steps_before` steps that return (the last taking `longest_step_secs`), then one that
     never does, watched (600 s bound) until its clock reads 130 s, and `wait_secs` more; a
     peer does not answer from `silent_from` s into it on."""
-    self.enterContext(mock.patch.dict(os.environ))
-    os.environ.pop(stops.RESTARTS_ENV, None)
     stop, clock = stop_fakes.RestartingStop("worker 1"), _Clock()
     steps = [0.001] * steps_before
     if steps:
@@ -435,8 +434,9 @@ class StallWatchHookTest(absltest.TestCase):
     """A sync replica's steps taking `steps` s, then one that never returns, with a hang vote
     whose verdicts are `verdicts`, whose leave() returns `leaves` (then True) and whose reads
     of the global step return `global_steps` (then None), of a run whose last step is
-    `last_step`; the watch looks at `looks` s into the stuck step, the clock moving on only
-    once it has, and a peer does not answer from `silent_from` s on: (its restarts, the calls
+    `last_step`; the clock reads each of `looks` s into the stuck step in turn, moving on once
+    the watch has read the global step there (a look past the bound, or the step's first note)
+    or ended the task, and a peer does not answer from `silent_from` s on: (its restarts, the calls
     to its vote). It exits 0 with a reason `exits` matches, or not at all; it has made
     `restarts_made` restarts in a row before."""
     self.enterContext(mock.patch.dict(os.environ, {stops.RESTARTS_ENV: str(restarts_made)}))
@@ -448,9 +448,9 @@ class StallWatchHookTest(absltest.TestCase):
       if step_ends_in_verdict:
         vote.on_verdict = lambda: hook.after_run(None, None)
       for waited in looks:
-        looks_before = vote.looks
+        reads_before = vote.reads
         clock.now = started + waited
-        _wait_for(lambda: vote.looks > looks_before or stop.restarts or stop.forced, secs=2)
+        _wait_for(lambda: vote.reads > reads_before or stop.restarts or stop.forced, secs=2)
       _wait_for(lambda: stop.restarts or stop.forced, secs=0.3)
       hook.finished()
     if exits is None:
