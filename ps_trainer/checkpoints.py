@@ -4,7 +4,12 @@ A restore checks names but not shapes: a table of another --vocab_size
 restores without a word and then predicts garbage, and a chief resuming
 another run's --log_dir went on training a [32, 32] kernel in a [32, 16]
 variable and saved the mix there. The chief, the evaluator and the export
-ask first.
+ask first. Nor does a restore mind variables the checkpoint holds beyond the
+graph's: a linear model restored its one layer from an MLP's checkpoint
+(that layer's shape fitted by chance), and the chief's saves then replaced
+the MLP's checkpoints with its own. So the chief also asks for the
+checkpoint to hold nothing else, and the evaluator and the export, whose
+graphs hold the model alone, for it to hold no other model variable.
 
 TF's `checkpoint` file names the checkpoints by the path they were saved
 under: absolute, for an absolute --log_dir (before the trainer's savers wrote
@@ -19,6 +24,8 @@ import os
 from typing import Optional
 
 import tensorflow as tf
+
+from ps_trainer import models
 
 
 class ForeignCheckpointError(ValueError):
@@ -83,12 +90,13 @@ def check_log_dir(log_dir: str, variables) -> None:
   """Before a chief or local run restores: its newest checkpoint must fit.
 
   Raises:
-    ForeignCheckpointError: it lacks a variable or holds one in another shape.
+    ForeignCheckpointError: it lacks a variable, holds one in another shape,
+      or holds one that `variables` (every variable the chief saves) lack.
   """
   checkpoint = latest(log_dir)
   if not checkpoint:
     return
-  problem = mismatch(checkpoint, variables)
+  problem = mismatch(checkpoint, variables, exact=True)
   if problem:
     raise ForeignCheckpointError(
         f"--log_dir={log_dir} holds checkpoints of another model "
@@ -107,8 +115,12 @@ def global_step(checkpoint: str) -> int:
   return int(tf.train.load_checkpoint(checkpoint).get_tensor("global_step"))
 
 
-def mismatch(checkpoint: str, variables) -> Optional[str]:
-  """What `checkpoint` lacks or holds in another shape, or None if it fits.
+def mismatch(checkpoint: str, variables, exact: bool = False
+             ) -> Optional[str]:
+  """What `checkpoint` lacks or holds in another shape, or holds beyond
+  `variables`, or None if it fits. Beyond them, only another model's
+  variables count (not the optimizer's, nor slots of `variables`), unless
+  `exact`: `variables` are all the chief saves.
 
   Partitioned tables are saved under their full name and whole shape, so
   `variables` may hold them whole or in parts of any number: a part is
@@ -118,6 +130,7 @@ def mismatch(checkpoint: str, variables) -> Optional[str]:
     tf.errors.OpError or ValueError: the checkpoint cannot be read (gone).
   """
   saved = tf.train.load_checkpoint(checkpoint).get_variable_to_shape_map()
+  names = set()
   for variable in variables:
     info = variable._get_save_slice_info()  # pylint: disable=protected-access
     name = info.full_name if info else variable.op.name
@@ -126,4 +139,13 @@ def mismatch(checkpoint: str, variables) -> Optional[str]:
       return f"it has no {name}"
     if saved[name] != shape:
       return f"{name} is {saved[name]} there, {shape} here"
+    names.add(name)
+  scope = models.SCOPE + "/"
+  extra = sorted(
+      name for name in set(saved) - names
+      if exact or (name.startswith(scope)
+                   and not any(name.startswith(n + "/") for n in names)))
+  if extra:
+    more = f", nor {len(extra) - 1} more" if len(extra) > 1 else ""
+    return f"it holds {extra[0]}, which this model has not{more}"
   return None

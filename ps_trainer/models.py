@@ -12,6 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 MODELS = ("linear", "mlp", "cnn", "wide_deep")
+# Every model variable is under it (checkpoints.py tells models apart by it).
+SCOPE = "model"
 
 
 class ModelError(ValueError):
@@ -43,7 +45,7 @@ def build_logits(model: str, features, input_shape: tuple,
   Raises:
     ModelError: unknown model, or a model that cannot read this data.
   """
-  with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
+  with tf.compat.v1.variable_scope(SCOPE, reuse=tf.compat.v1.AUTO_REUSE):
     if model == "linear":
       return _dense(_flatten(features, input_shape), num_classes, "logits")
     if model == "mlp":

@@ -147,7 +147,26 @@ class LocalTrainingTest(absltest.TestCase):
     with self.assertRaisesRegex(checkpoints.ForeignCheckpointError,
                                 r"it has no model/hidden2/kernel"):
       self.train("--train_steps=60", "--hidden_units=32,32,8")
+    # A layer fewer: what it has fits (the logits kernel is [32, 10] either way), and a restore
+    # would go on, but the chief's saves would then replace the other run's checkpoints.
+    with self.assertRaisesRegex(checkpoints.ForeignCheckpointError,
+                                r"\(it holds model/hidden1/bias, which this model has not, nor 5 "
+                                r"more; .*model\.ckpt-30\)"):
+      self.train("--train_steps=60", "--hidden_units=32")
     self.assertEqual(self.modified_times(), before)
+    # The evaluator and the export hold the model alone: the optimizer's variables may be
+    # beyond theirs, another model's may not.
+    checkpoint = checkpoints.latest(self.log_dir)
+    with tf.Graph().as_default():
+      mlp = [tf.compat.v1.get_variable(f"model/{layer}/{part}", shape)
+             for layer, inputs, units in (("hidden0", 64, 32), ("hidden1", 32, 32),
+                                          ("logits", 32, 10))
+             for part, shape in (("kernel", [inputs, units]), ("bias", [units]))]
+    self.assertIsNone(checkpoints.mismatch(checkpoint, mlp))
+    self.assertEqual(checkpoints.mismatch(checkpoint, mlp[2:]),
+                     "it holds model/hidden0/bias, which this model has not, nor 5 more")
+    self.assertRegex(checkpoints.mismatch(checkpoint, mlp, exact=True),
+                     r"^it holds beta1_power, which this model has not, nor \d+ more$")
     # The flags it was started with still continue it.
     self.assertEqual(
         self.train("--train_steps=60", "--hidden_units=32,32")["global_step"], 60)
