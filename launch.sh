@@ -251,6 +251,9 @@ run_local() {
   fi
   # Shorter if the chief failed: then nobody may tell the PS tasks to stop.
   wait_for_the_rest $((chief_status == 0 ? EXIT_WAIT_SECS : (EXIT_WAIT_SECS < 10 ? EXIT_WAIT_SECS : 10)))
+  if ((evaluator)) && [[ -f $log_dir/eval.json ]]; then
+    msg "evaluator: scores in $log_dir/eval.json (its log: $log_dir/logs/evaluator-0.log)"
+  fi
   exit "$chief_status"
 }
 
@@ -308,7 +311,7 @@ wait_for_the_rest() {
   local bound=$1 announce=$((SECONDS + 3)) deadline=$((SECONDS + $1))
   while [[ -n $(running_tasks) ]] && ((SECONDS < deadline)); do
     if ((announce && SECONDS >= announce)); then
-      msg "waiting up to $((deadline - SECONDS)) s for $(running_tasks) to exit"
+      msg "waiting up to $((deadline - SECONDS)) s more (${bound} s from the chief's end) for $(running_tasks) to exit"
       announce=0
     fi
     sleep 0.5

@@ -212,9 +212,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
             self._restart_or_exit(waited, hung.why, hung.answering)
           return  # Not reached: the process ends or starts again.
       if waited >= next_note:
-        errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
-                   f"{self._what()}; giving up after {self._timeout:.0f} s")
+        what = self._what()
         silent = silent or self._silent_when_named()
+        errors.say(f"{self._stop.who}: this step has waited {waited:.0f} s for "
+                   f"{what}; giving up after {self._timeout:.0f} s"
+                   f"{self._sooner(hang_bound, silent)}")
         next_note += self._note_every
         if self._may_act_on(started):
           self._rules.step_noted(started)
@@ -258,6 +260,15 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     return self._rules.why_hung(started, hang_bound, silent,
                                 lambda step: self._step_started == step,
                                 may_restart=self._stop.restarts_left() > 0)
+
+  def _sooner(self, hang_bound: float, silent: bool) -> str:
+    """A note's word on the restart that may come before the timeout: a
+    step stuck with every peer answering can look like a hang that never
+    ends, where the task starts again at the hang bound."""
+    if silent or hang_bound >= self._timeout or not self._can_restart():
+      return ""
+    return (f" (starting again sooner, from {hang_bound:.0f} s, if it stays "
+            "stuck while every peer answers)")
 
   def _may_act_on(self, started: float) -> bool:
     """Whether the watch may still start this task again, or have it leave,

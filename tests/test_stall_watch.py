@@ -398,7 +398,8 @@ class StallWatchHookTest(absltest.TestCase):
     steps = [0.001] * steps_before
     if steps:
       steps[-1] = longest_step_secs
-    with contextlib.redirect_stdout(io.StringIO()):
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
       hook, started = _stuck_after(steps, stop, clock, silent_from, poll_secs=0.02,
                                    hang_restarts=hang_restarts)
       for waited in range(10, 140, 10):  # The watch names it every 10 s on the way.
@@ -409,11 +410,16 @@ class StallWatchHookTest(absltest.TestCase):
         time.sleep(0.02)
       hook.finished()
     self.assertEqual(stop.forced, [])
+    stop.notes = output.getvalue().splitlines()
     return stop
 
   def test_an_async_step_hung_while_every_peer_answers_restarts_before_the_bound(self):
-    (reason,) = self.async_hang(steps_before=hung_step.STEPS_BEFORE_HANG_BOUND,
-                               wait_secs=10).restarts
+    stop = self.async_hang(steps_before=hung_step.STEPS_BEFORE_HANG_BOUND, wait_secs=10)
+    (reason,) = stop.restarts
+    # Its notes say when it may start again, not only when it would give up.
+    self.assertRegex(stop.notes[0], r"^worker 1: this step has waited \d+ s for the PS tasks; "
+                     r"giving up after 600 s \(starting again sooner, from 120 s, if it stays "
+                     r"stuck while every peer answers\)$")
     self.assertRegex(reason, r"^a step waited 1[23]\d s \(past 120 s: 100 x the longest of "
                      r"this session's steps, at least 120 s\) while every peer answers$")
 
@@ -425,7 +431,16 @@ class StallWatchHookTest(absltest.TestCase):
                          "slow steps": dict(steps_before=enough, longest_step_secs=1.5),
                          "no early bound": dict(steps_before=enough, hang_restarts=False)
                          }.items():
-      self.assertEqual(self.async_hang(**kwargs).restarts, [], name)
+      stop = self.async_hang(**kwargs)
+      self.assertEqual(stop.restarts, [], name)
+      # Their notes promise no restart before 600 s; a longest step of 1.5 s puts the bound
+      # at 150 s, past the clock here.
+      if name in ("first steps", "a peer silent", "no early bound"):
+        self.assertTrue(all(note.endswith("giving up after 600 s") for note in stop.notes),
+                        (name, stop.notes))
+      elif name == "slow steps":
+        self.assertIn("(starting again sooner, from 150 s, if it stays stuck while every peer "
+                      "answers)", stop.notes[-1])
 
   def sync_hang(self, verdicts, silent_from=math.inf, leaves=(), global_steps=(),
                 steps=(0.001,) * hung_step.STEPS_BEFORE_HANG_BOUND, looks=(130, 140),
