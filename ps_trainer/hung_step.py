@@ -25,8 +25,9 @@ but the task can start again (stall_watch.py), sooner than after
   past the bound) and the step is still running a look later (a healthy step
   ends a moment after the move that frees it: the later look is for a step
   that ends as a look reads). Noted that early, a replica that hung a while
-  before every other one did still sees the global step move past it. Without backup workers a hung replica's missing gradient
-  holds the global step still, and the vote decides.
+  before every other one did still sees the global step move past it.
+  Without backup workers a hung replica's missing gradient holds the global
+  step still, and the vote decides.
 - A sync step past the bound once the global step has reached the run's
   last step hangs in a run the others have finished: a worker other than the
   chief leaves it (exit 0, even with no restart left), the chief starts again.
