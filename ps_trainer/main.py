@@ -28,6 +28,7 @@ from absl import flags as absl_flags
 from ps_trainer import errors
 from ps_trainer import flags as flags_lib
 from ps_trainer import output_dir
+from ps_trainer import process_end
 
 FLAGS = absl_flags.FLAGS
 TRAINER_FLAGS = flags_lib.define_flags()
@@ -240,4 +241,5 @@ def _parse_flags(argv):
 
 
 def run() -> None:
-  app.run(main, flags_parser=_parse_flags)
+  process_end.run_then_finish(
+      lambda: app.run(main, flags_parser=_parse_flags))

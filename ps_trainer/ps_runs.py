@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import errors
+from ps_trainer import process_end
 from ps_trainer import ps_flags
 from ps_trainer import waits
 
@@ -48,14 +49,16 @@ class PsRuns:
     outcome = {}
 
     def attempt():
-      try:
-        outcome["value"] = ps_flags.run_on_ps(
-            self._target, self._info, [ps_index], self._timeout, build)
-      except tf.errors.OpError as e:
-        outcome["error"] = errors.first_line(e.message)
-      except Exception as e:  # pylint: disable=broad-except
-        # Not TF's: a failed run must still leave the watch to its bound.
-        outcome["error"] = f"{type(e).__name__}: {errors.first_line(str(e))}"
+      with process_end.tf_work():  # Its session is made and deleted here.
+        try:
+          outcome["value"] = ps_flags.run_on_ps(
+              self._target, self._info, [ps_index], self._timeout, build)
+        except tf.errors.OpError as e:
+          outcome["error"] = errors.first_line(e.message)
+        except Exception as e:  # pylint: disable=broad-except
+          # Not TF's: a failed run must still leave the watch to its bound.
+          outcome["error"] = (f"{type(e).__name__}: "
+                              f"{errors.first_line(str(e))}")
 
     self._running = threading.Thread(target=attempt, name="ps_trainer_ps_run",
                                      daemon=True)

@@ -49,6 +49,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from ps_trainer import errors
+from ps_trainer import process_end
 from ps_trainer import sync_replicas
 from ps_trainer import waits
 
@@ -192,9 +193,14 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._sync_session = (self._session_factory() if self._session_factory
                           else None)
     self._thread = threading.Thread(
-        target=self._sync_loop, args=(self._sync_session or session, coord),
+        target=self._sync_loop_thread,
+        args=(self._sync_session or session, coord),
         name="ps_trainer_sync", daemon=True)
     self._thread.start()
+
+  def _sync_loop_thread(self, session, coord):
+    with process_end.tf_work():
+      self._sync_loop(session, coord)
 
   def _sync_loop(self, session, coord):
     try:
@@ -275,14 +281,16 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
 
   def _release_in_own_session(self, release_op) -> bool:
     """Runs `release_op` in a session of this thread's own; True if it ran."""
-    try:
-      session = self._session_factory()
-    except Exception:  # pylint: disable=broad-except
-      return False
-    try:
-      return _give_tokens(session, release_op)
-    finally:
-      session.close()
+    with process_end.tf_work():
+      try:
+        session = self._session_factory()
+      except Exception:  # pylint: disable=broad-except
+        return False
+      try:
+        return _give_tokens(session, release_op)
+      finally:
+        session.close()
+        del session  # Deleted inside tf_work(), not at the function's end.
 
   def end(self, session):
     self._ended.set()

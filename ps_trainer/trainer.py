@@ -119,6 +119,11 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
   finally:
     if hooks.stall_watch is not None:
       hooks.stall_watch.finished()
+    for hook in hooks.every_replica:
+      # Its end() is skipped when the session closes on an error; the
+      # process may then end without the interpreter's flush (process_end).
+      if isinstance(hook, step_record.StepRecordHook):
+        hook.close()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
   if stop.requested and cfg.is_chief and result is None:
