@@ -159,7 +159,10 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     self._throughput.session_started()
     self._last_line = None  # Rates restart with the session.
     global_step = int(session.run(self._fetches["global_step"]))
-    if global_step > 0:
+    if global_step > self._train_steps:  # A run resumed with fewer steps.
+      errors.say(f"{self._name}: starting at global step {global_step}, "
+                 f"already past --train_steps={self._train_steps}")
+    elif global_step > 0:
       errors.say(f"{self._name}: starting at global step {global_step} of "
                  f"{self._train_steps}")
 

@@ -74,6 +74,25 @@ class _Session:
     return self.global_step
 
 
+class ProgressHookTest(absltest.TestCase):
+
+  def started_at(self, global_step: int) -> str:
+    hook = hooks.ProgressHook("chief", "loss", "gs", train_steps=60000, examples_per_global_step=64,
+                              every_steps=100, throughput=hooks.Throughput(train_steps=60000))
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.after_create_session(_Session(global_step), coord=None)
+    return output.getvalue()
+
+  def test_a_resumed_run_says_where_it_starts(self):
+    self.assertEqual(self.started_at(0), "")
+    self.assertEqual(self.started_at(30000), "chief: starting at global step 30000 of 60000\n")
+    self.assertEqual(self.started_at(60000), "chief: starting at global step 60000 of 60000\n")
+    # Resumed with a smaller --train_steps: not "62045 of 60000".
+    self.assertEqual(self.started_at(62045),
+                     "chief: starting at global step 62045, already past --train_steps=60000\n")
+
+
 class ResultHookTest(absltest.TestCase):
 
   def hook(self, path, throughput, progress=None):
