@@ -126,10 +126,16 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
         hook.close()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
-  if stop.requested and cfg.is_chief and result is None:
-    print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
-          f"{checkpoints.latest(cfg.train.log_dir)}; the same command "
-          "continues from it", flush=True)
+  if stop.requested and result is None:
+    if cfg.is_chief:
+      print(f"{cfg.task_name}: stopped on {stop.signal_name}; final checkpoint "
+            f"{checkpoints.latest(cfg.train.log_dir)}; the same command "
+            "continues from it", flush=True)
+    else:
+      step = hooks.progress.last_global_step
+      print(f"{cfg.task_name}: stopped on {stop.signal_name}"
+            f"{'' if step is None else f' at global step {step}'}; the same "
+            "command rejoins the run", flush=True)
   return result
 
 

@@ -263,6 +263,9 @@ class FaultsTest(parameterized.TestCase):
                   cluster.report("the PS still counted the restarted worker 1 as done"))
     self.assertNotIn("could not tell", cluster.text_after_kill("worker-1"),
                      cluster.report("worker 1 could not say it was done at its end"))
+    self.assertRegex(cluster.text("worker-1"), r"\nworker 1: stopped on SIGTERM at global step "
+                     r"\d+; the same command rejoins the run\n",
+                     cluster.report("worker 1 did not say it stopped"))
 
   def kill_and_restart(self, victim: str, sync: bool, train_steps: int,
                        sig: int) -> FaultyCluster:
