@@ -47,10 +47,21 @@ def mismatch(own: dict, chief_encoded: str) -> Optional[str]:
   except ValueError:
     return "the chief published an unreadable signature (another program?)"
   differences = [
-      f"{key}={own.get(key)!r} here but {chief.get(key)!r} on the chief"
+      f"{key}: {_shown(own.get(key))} here but {_shown(chief.get(key))} on the "
+      "chief"
       for key in sorted(set(own) | set(chief)) if own.get(key) != chief.get(key)]
   if not differences:
     return None
   return ("this worker's settings differ from the chief's: "
           f"{'; '.join(differences)}; start every task with the same training "
           "flags")
+
+
+def _shown(value) -> str:
+  """A signature value as a flag gives it: 128,64 for a list; None is a
+  setting this task's other flags leave unused (hidden units of --model=linear)."""
+  if value is None:
+    return "not used"
+  if isinstance(value, list):
+    return ",".join(str(v) for v in value)
+  return str(value)

@@ -114,7 +114,7 @@ class ClusterRunTest(absltest.TestCase):
     self.assertEqual(worker.wait(timeout=TIMEOUT_SECS), 2, worker.log_tail())
     log = worker.read_log()
     self.assertIn("this worker's settings differ from the chief's", log)
-    self.assertIn("sync_replicas=False here but True on the chief", log)
+    self.assertIn("sync_replicas: False here but True on the chief", log)
     self.assertNotIn("Traceback", log)
 
   def test_wide_deep_on_three_ps_learns_clicks_in_sync(self):

@@ -31,11 +31,17 @@ class RunSignatureTest(absltest.TestCase):
     message = run_signature.mismatch(own, chief)
     self.assertNotIn("\n", message)
     self.assertRegex(message, r"^this worker's settings differ from the "
-                     r"chief's: hidden_units=\[32\] here but \[128, 64\] on the "
-                     r"chief; optimizer='sgd' here but 'adam' on the chief; "
-                     r"replicas_to_aggregate=None here but 2 on the chief; "
-                     r"sync_replicas=False here but True on the chief; start "
+                     r"chief's: hidden_units: 32 here but 128,64 on the "
+                     r"chief; optimizer: sgd here but adam on the chief; "
+                     r"replicas_to_aggregate: not used here but 2 on the chief; "
+                     r"sync_replicas: False here but True on the chief; start "
                      r"every task with the same training flags$")
+
+  def test_a_setting_another_model_does_not_use_reads_as_such(self):
+    chief = run_signature.encode(self.signature("--hidden_units=128,64"))
+    message = run_signature.mismatch(self.signature("--model=linear"), chief)
+    self.assertIn("hidden_units: not used here but 128,64 on the chief", message)
+    self.assertIn("model: linear here but mlp on the chief", message)
 
   def test_unreadable_signature(self):
     self.assertIn("unreadable", run_signature.mismatch(self.signature(), "{"))
