@@ -5,7 +5,9 @@ A replica that waits silently looks hung; one that waits forever is hung
 is waiting for at intervals.
 """
 
+import ipaddress
 import socket
+import threading
 import time
 from typing import Callable, Optional
 
@@ -87,13 +89,36 @@ def uninitialized(session, report_op) -> Callable[[], bool]:
 
 
 def reachable(address: str, timeout_secs: float = 1.0) -> bool:
-  """True if something accepts TCP connections at "host:port"."""
+  """True if something accepts TCP connections at "host:port" within
+  `timeout_secs`, a host name's lookup included: a resolver that does not
+  answer (a Kubernetes service being torn down) would otherwise hold the
+  stall watch for its own timeouts, 5 s and more a try."""
   host, _, port = address.rpartition(":")
+  host = host.strip("[]")
+  if _is_ip(host):
+    return _connects(host, port, timeout_secs)
+  answer = []
+  lookup = threading.Thread(
+      target=lambda: answer.append(_connects(host, port, timeout_secs)),
+      name="ps_trainer_reachable", daemon=True)  # No TensorFlow in it.
+  lookup.start()
+  lookup.join(timeout_secs)
+  return bool(answer and answer[0])
+
+
+def _is_ip(host: str) -> bool:
   try:
-    with socket.create_connection((host.strip("[]"), int(port)),
-                                  timeout=timeout_secs):
+    ipaddress.ip_address(host)
+  except ValueError:
+    return False
+  return True
+
+
+def _connects(host: str, port: str, timeout_secs: float) -> bool:
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout_secs):
       return True
-  except OSError:
+  except (OSError, ValueError):
     return False
 
 

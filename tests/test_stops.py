@@ -155,6 +155,21 @@ class WaitStopsTest(absltest.TestCase):
     self.assertEqual(waits.unreachable({"worker 1": f"127.0.0.1:{port}"}),
                      [f"worker 1 at 127.0.0.1:{port}"])
 
+  def test_a_host_name_whose_lookup_hangs_is_unreachable_within_the_bound(self):
+    def hung_lookup(*unused_args, **unused_kwargs):
+      time.sleep(3)
+      raise socket.gaierror("Temporary failure in name resolution")
+    with mock.patch.object(socket, "getaddrinfo", hung_lookup):
+      started = time.monotonic()
+      self.assertFalse(waits.reachable("ps-0.example:2222", timeout_secs=0.3))
+      self.assertLess(time.monotonic() - started, 1.5)
+
+  def test_a_host_name_that_resolves_is_reachable(self):
+    with _one_open_address_one_closed() as (open_address, closed_address):
+      port = open_address.rpartition(":")[2]
+      self.assertTrue(waits.reachable(f"localhost:{port}"))
+      self.assertFalse(waits.reachable(f"localhost:{closed_address.rpartition(':')[2]}"))
+
   def test_still_unreachable_polls_for_its_grace_then_keeps_the_silent(self):
     clock = _FakeClock()
     with _one_open_address_one_closed() as (open_address, closed_address):
