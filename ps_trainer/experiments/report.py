@@ -135,7 +135,9 @@ def markdown(fig: dict, command: str) -> str:
       "",
       f"Steps/s count global steps after the first 10%; a sync step averages "
       f"every aggregated worker's batch, so its examples/s counts them all. "
-      f"Wall time: start of the processes to their end. Train losses are "
+      f"Wall time: start of the processes to their end (TensorFlow's start-up "
+      f"included); the time to the target loss counts from the first step, as "
+      f"comparison.png's time axis does. Train losses are "
       f"means of {fig['smoothing']} consecutive steps; the target loss is the "
       "highest final one of the modes, unless --target_loss set it.", ""]
   for m in fig["modes"]:
