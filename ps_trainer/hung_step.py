@@ -39,7 +39,7 @@ vote another began, or leaves a run that is over.
 
 import collections
 import time
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Protocol
 
 HANG_STEP_FACTOR = 100
 HANG_FLOOR_SECS = 120.0
@@ -61,6 +61,16 @@ class Hung(NamedTuple):
   leaves: bool = False
 
 
+class Vote(Protocol):
+  """What the rules ask of a replica's hang_vote.HangVote (tests fake it)."""
+
+  def verdict(self, may_decide: bool, may_begin: bool = True) -> Optional[str]:
+    """Why this replica starts again (every replica is stuck), or None."""
+
+  def leave(self) -> bool:
+    """Clears this replica's flag; whether it is clear now."""
+
+
 class SyncReplica(NamedTuple):
   """What a sync replica's rules ask of the cluster.
 
@@ -70,7 +80,7 @@ class SyncReplica(NamedTuple):
   last_step: the run's last global step (--train_steps); None: none.
   is_chief: whether this replica is the chief.
   """
-  vote: object
+  vote: Vote
   global_step: Callable[[], Optional[int]]
   last_step: Optional[int]
   is_chief: bool
