@@ -22,9 +22,11 @@ import contextlib
 import gc
 import logging
 import os
+import signal
 import sys
 import threading
 import time
+import traceback
 from typing import Callable, Iterator, Optional
 
 FINISH_BOUND_SECS = 5.0
@@ -37,26 +39,29 @@ class HelperCalls:
   def __init__(self, exit_now: Optional[Callable[[int], None]] = None):
     self._exit_now = exit_now or _flushed_exit
     self._lock = threading.Condition()
-    self._in_flight = {}  # {thread name: its calls in progress}
+    self._in_flight = {}  # {thread id: [its name, its calls in progress]}
     self._ending = False
 
   @contextlib.contextmanager
   def tf_work(self) -> Iterator[None]:
-    """Wraps a helper thread's TensorFlow calls, and the life of any session
-    they make (deleting one is such a call). Once finish() has begun, the
-    thread waits here until the process is gone."""
-    name = threading.current_thread().name
+    """Wraps a daemon helper thread's TensorFlow calls, and the life of any
+    session they make (deleting one is such a call). Once finish() has
+    begun, a thread with no call in progress waits here until the process is
+    gone (only a daemon thread can: the interpreter would wait for another);
+    one already inside a call goes on, since finish() waits for that call."""
+    thread = threading.current_thread()
     with self._lock:
-      while self._ending:
+      while self._ending and thread.ident not in self._in_flight:
         self._lock.wait()  # Not woken again: the process is ending.
-      self._in_flight[name] = self._in_flight.get(name, 0) + 1
+      self._in_flight.setdefault(thread.ident, [thread.name, 0])[1] += 1
     try:
       yield
     finally:
       with self._lock:
-        self._in_flight[name] -= 1
-        if not self._in_flight[name]:
-          del self._in_flight[name]
+        calls = self._in_flight[thread.ident]
+        calls[1] -= 1
+        if not calls[1]:
+          del self._in_flight[thread.ident]
         self._lock.notify_all()
 
   def finish(self, code, bound_secs: float = FINISH_BOUND_SECS) -> None:
@@ -70,7 +75,7 @@ class HelperCalls:
       while self._in_flight and self._lock.wait(
           max(0.0, deadline - time.monotonic())):
         pass
-      busy = ", ".join(sorted(self._in_flight))
+      busy = ", ".join(sorted(name for name, _ in self._in_flight.values()))
     if not busy:
       # Sessions in reference cycles are deleted here, on this thread, not
       # by a collection some helper thread's Python code sets off later.
@@ -108,10 +113,20 @@ finish = _CALLS.finish
 
 
 def run_then_finish(program: Callable[[], None]) -> None:
-  """Runs `program`, which ends with sys.exit (as absl's app.run does,
-  whatever the outcome), and finish()es before the interpreter shuts down."""
+  """Runs `program`, which ends with sys.exit (as absl's app.run does), and
+  finish()es before the interpreter shuts down, with the status Python would
+  give: an exception's traceback is printed as Python prints it, status 1."""
   try:
     program()
+    code = None
   except SystemExit as e:
-    finish(e.code)
-    raise
+    code = e.code
+  except KeyboardInterrupt:  # Ctrl-C before stops.py receives it: a stop.
+    code = 128 + signal.SIGINT
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+    code = 1
+  # Outside the except clauses: the exception's frames, and the sessions
+  # they hold, are garbage by now, for finish()'s collection.
+  finish(code)
+  sys.exit(code)

@@ -20,6 +20,7 @@ import time
 from typing import Callable, List
 
 from ps_trainer import errors
+from ps_trainer import process_end
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # How long a requested stop may take before the task exits anyway.
@@ -261,7 +262,10 @@ class StopRequest:
 
 def _quietly(action, what, who):
   try:
-    action()
+    # The main thread may reach the program's end meanwhile (a stop carried
+    # out right at its deadline): process_end then waits for this call.
+    with process_end.tf_work():
+      action()
   except Exception as e:  # pylint: disable=broad-except
     detail = errors.first_line(str(e), type(e).__name__)
     errors.say(f"{who}: {what} failed: {detail}")

@@ -292,6 +292,13 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
         session.close()
         del session  # Deleted inside tf_work(), not at the function's end.
 
+  def close(self):
+    """After the session loop, however it ended: TF skips end() when the
+    session closes on an error, which would leave the sync thread blocked in
+    its own session, inside process_end.tf_work(), until the process ends."""
+    self._ended.set()
+    self._stop_sync_thread()
+
   def end(self, session):
     self._ended.set()
     if self._stop_watch is not None:

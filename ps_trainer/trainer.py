@@ -120,9 +120,11 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     if hooks.stall_watch is not None:
       hooks.stall_watch.finished()
     for hook in hooks.every_replica:
-      # Its end() is skipped when the session closes on an error; the
-      # process may then end without the interpreter's flush (process_end).
-      if isinstance(hook, step_record.StepRecordHook):
+      # Their end() is skipped when the session closes on an error: the step
+      # record's buffer would wait for the interpreter's flush, which
+      # process_end may skip, and the chief's sync thread would go on.
+      if isinstance(hook, (step_record.StepRecordHook,
+                           sync.SyncReplicasHook)):
         hook.close()
   result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
@@ -132,11 +134,22 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
             f"{checkpoints.latest(cfg.train.log_dir)}; the same command "
             "continues from it", flush=True)
     else:
-      step = hooks.progress.last_global_step
       print(f"{cfg.task_name}: stopped on {stop.signal_name}"
-            f"{'' if step is None else f' at global step {step}'}; the same "
-            "command rejoins the run", flush=True)
+            f"{_where_stopped(hooks.progress.last_global_step, cfg)}",
+            flush=True)
   return result
+
+
+def _where_stopped(read_step: Optional[int], cfg: config_lib.Config) -> str:
+  """The end of a stopped worker's last line: where it stopped, and what
+  next. `read_step` is the global step its last step read (before the
+  step's update)."""
+  if read_step is None:
+    return "; the same command rejoins the run"
+  if read_step + 1 >= cfg.train.train_steps:
+    return (f" at global step {read_step + 1}, the run's last; nothing is left "
+            "to train")
+  return f" at global step {read_step}; the same command rejoins the run"
 
 
 def _leave(others: peers.Peers,

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -87,20 +88,55 @@ class HelperCallsTest(absltest.TestCase):
     self.assertTrue(thread.is_alive())  # Parked until the process is gone.
     self.assertFalse(ran.is_set())
 
-  def test_nested_calls_of_one_thread_count_until_the_outer_one_ends(self):
-    inner_done, release = threading.Event(), threading.Event()
-    self.addCleanup(release.set)
+  def test_a_thread_inside_a_call_may_nest_another_after_the_end_began(self):
+    inside, done = threading.Event(), threading.Event()
 
     def body():
+      inside.set()
+      time.sleep(0.3)  # finish() begins meanwhile.
       with self.calls.tf_work():
         pass
-      inner_done.set()
-      release.wait(10)
+      done.set()
     self.helper(body)
-    inner_done.wait(5)
-    with contextlib.redirect_stderr(io.StringIO()):
-      self.calls.finish(0, bound_secs=0.2)
-    self.assertEqual(self.exits, [0])
+    inside.wait(5)
+    self.calls.finish(0, bound_secs=3)
+    self.assertTrue(done.is_set())
+    self.assertEqual(self.exits, [])
+
+
+class RunThenFinishTest(absltest.TestCase):
+  """The program's end goes through finish() with the status Python would give."""
+
+  def end_of(self, program):
+    stderr = io.StringIO()
+    with mock.patch.object(process_end, "finish") as finish, \
+        contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as exited:
+      process_end.run_then_finish(program)
+    finish.assert_called_once_with(exited.exception.code)
+    return exited.exception.code, stderr.getvalue()
+
+  def test_sys_exit(self):
+    self.assertEqual(self.end_of(lambda: sys.exit(2)), (2, ""))
+    self.assertEqual(self.end_of(lambda: None), (None, ""))
+
+  def test_an_exception_prints_its_traceback_and_exits_1(self):
+    def bug():
+      raise ValueError("a bug")
+    code, stderr = self.end_of(bug)
+    self.assertEqual(code, 1)
+    self.assertTrue(stderr.startswith("Traceback (most recent call last):"), stderr)
+    self.assertTrue(stderr.endswith("ValueError: a bug\n"), stderr)
+
+  def test_ctrl_c_before_the_stop_watcher_is_a_stop(self):
+    def interrupted():
+      raise KeyboardInterrupt
+    self.assertEqual(self.end_of(interrupted), (130, ""))
+
+  def test_the_trainer_program_ends_through_it(self):
+    from ps_trainer import main  # pylint: disable=g-import-not-at-top
+    with mock.patch.object(process_end, "run_then_finish") as run_then_finish:
+      main.run()
+    run_then_finish.assert_called_once()
 
 
 # A sync replica's stall watch clears its hang-vote flag on PS 0 after each session start; this
@@ -142,6 +178,7 @@ class ProcessExitTest(absltest.TestCase):
                           text=True, timeout=120, check=False)
     self.assertEqual((done.returncode, done.stdout), (0, "cleared True\n"), done.stderr[-2000:])
     self.assertNotIn("exception not rethrown", done.stderr)
+    self.assertNotIn("did not end within", done.stderr)  # Waited for, not cut short.
 
 
 if __name__ == "__main__":

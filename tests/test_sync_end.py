@@ -267,6 +267,23 @@ class CleanEndTest(sync_testlib.SyncTestCase):
     self.assertEqual(saved, at_end)
     self.assertLess(threads["chief"].result[1], 15)  # The close's seconds.
 
+  def test_a_session_that_ended_on_an_error_leaves_no_sync_thread_after_close(self):
+    # TF skips end() when the session closes on an error (a NaN, a lost PS): trainer.run then
+    # calls close(), or the thread would stay blocked, inside process_end.tf_work(), and the
+    # task's exit would wait for it.
+    test_cluster = InProcessCluster(num_ps=1, num_workers=2)
+    chief = Replica(test_cluster, 0, sync_to_aggregate=2)
+    hook = chief.sync_hook()
+    chief.monitored_session([hook])
+    aggregating = hook._thread  # pylint: disable=protected-access
+    self.assertTrue(aggregating.is_alive())  # Waiting for the first step's gradients.
+    started = time.monotonic()
+    hook.close()
+    aggregating.join(10)
+    self.assertFalse(aggregating.is_alive(), "the sync thread still runs")
+    self.assertLess(time.monotonic() - started, 10)
+    hook.close()  # Again, or after end(): nothing left to stop.
+
   def test_chief_gives_up_on_a_silent_worker(self):
     test_cluster = InProcessCluster(num_ps=1, num_workers=2)
     chief = Replica(test_cluster, 0, sync_to_aggregate=2)
