@@ -97,13 +97,23 @@ def reachable(address: str, timeout_secs: float = 1.0) -> bool:
   host = host.strip("[]")
   if _is_ip(host):
     return _connects(host, port, timeout_secs)
-  answer = []
-  lookup = threading.Thread(
-      target=lambda: answer.append(_connects(host, port, timeout_secs)),
-      name="ps_trainer_reachable", daemon=True)  # No TensorFlow in it.
-  lookup.start()
+  with _lookups_lock:
+    # One try at a time for an address: under a resolver that does not
+    # answer, a thread a call would pile up, each living its timeouts.
+    lookup, answer = _lookups.get(address, (None, None))
+    if lookup is None or not lookup.is_alive():
+      answer = []
+      lookup = threading.Thread(
+          target=lambda: answer.append(_connects(host, port, timeout_secs)),
+          name="ps_trainer_reachable", daemon=True)  # No TensorFlow in it.
+      _lookups[address] = (lookup, answer)
+      lookup.start()
   lookup.join(timeout_secs)
   return bool(answer and answer[0])
+
+
+_lookups = {}  # {address: (the thread of its latest try, [its answer])}
+_lookups_lock = threading.Lock()
 
 
 def _is_ip(host: str) -> bool:

@@ -156,13 +156,18 @@ class WaitStopsTest(absltest.TestCase):
                      [f"worker 1 at 127.0.0.1:{port}"])
 
   def test_a_host_name_whose_lookup_hangs_is_unreachable_within_the_bound(self):
-    def hung_lookup(*unused_args, **unused_kwargs):
+    def hung_lookup():
       time.sleep(3)
       raise socket.gaierror("Temporary failure in name resolution")
-    with mock.patch.object(socket, "getaddrinfo", hung_lookup):
+    lookups = []
+    with mock.patch.object(socket, "getaddrinfo",
+                           lambda *args: (lookups.append(args), hung_lookup())[1]):
       started = time.monotonic()
       self.assertFalse(waits.reachable("ps-0.example:2222", timeout_secs=0.3))
       self.assertLess(time.monotonic() - started, 1.5)
+      # Asked again while that lookup still hangs: it waits for the same one, not a new thread.
+      self.assertFalse(waits.reachable("ps-0.example:2222", timeout_secs=0.3))
+      self.assertEqual(len(lookups), 1)
 
   def test_a_host_name_that_resolves_is_reachable(self):
     with _one_open_address_one_closed() as (open_address, closed_address):
