@@ -47,9 +47,9 @@ def mismatch(own: dict, chief_encoded: str) -> Optional[str]:
   except ValueError:
     return "the chief published an unreadable signature (another program?)"
   differences = [
-      f"{key}: {_shown(own.get(key))} here but {_shown(chief.get(key))} on the "
-      "chief"
-      for key in sorted(set(own) | set(chief)) if own.get(key) != chief.get(key)]
+      f"{key}: {_shown(own, key)} here but {_shown(chief, key)} on the chief"
+      for key in sorted(set(own) | set(chief))
+      if key not in own or key not in chief or own[key] != chief[key]]
   if not differences:
     return None
   return ("this worker's settings differ from the chief's: "
@@ -57,11 +57,14 @@ def mismatch(own: dict, chief_encoded: str) -> Optional[str]:
           "flags")
 
 
-def _shown(value) -> str:
-  """A signature value as a flag gives it: 128,64 for a list; None is a
-  setting this task's other flags leave unused (hidden units of --model=linear)."""
+def _shown(signature: dict, key: str) -> str:
+  """signature[key] as a flag gives it: 128,64 for a list; None is a setting
+  the task's other flags leave unused (hidden units of --model=linear)."""
+  if key not in signature:
+    return "not known (another version of ps_trainer?)"
+  value = signature[key]
   if value is None:
     return "not used"
   if isinstance(value, list):
-    return ",".join(str(v) for v in value)
+    return ",".join(str(v) for v in value) or "none"
   return str(value)

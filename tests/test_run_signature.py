@@ -43,6 +43,13 @@ class RunSignatureTest(absltest.TestCase):
     self.assertIn("hidden_units: not used here but 128,64 on the chief", message)
     self.assertIn("model: linear here but mlp on the chief", message)
 
+  def test_a_setting_the_chiefs_version_did_not_publish_is_named_as_such(self):
+    own = self.signature()
+    chief = dict(own)
+    del chief["num_ps"]
+    self.assertIn("num_ps: 1 here but not known (another version of ps_trainer?) on the chief",
+                  run_signature.mismatch(own, run_signature.encode(chief)))
+
   def test_unreadable_signature(self):
     self.assertIn("unreadable", run_signature.mismatch(self.signature(), "{"))
 

@@ -222,6 +222,20 @@ class LocalTrainingTest(absltest.TestCase):
     self.assertEqual(trainer.examples_per_global_step(sync_cfg), 64)
 
 
+class StoppedWorkerLineTest(absltest.TestCase):
+  """A stopped worker's last line says where it stopped and what comes next."""
+
+  def test_mid_run_the_same_command_rejoins_at_the_end_nothing_is_left(self):
+    cfg = testutil.make_config("--train_steps=600")
+    self.assertEqual(trainer._where_stopped(None, cfg),  # pylint: disable=protected-access
+                     "; the same command rejoins the run")
+    self.assertEqual(trainer._where_stopped(349, cfg),  # pylint: disable=protected-access
+                     " at global step 349; the same command rejoins the run")
+    # Its last step read 599 and made step 600: the run is over, there is nothing to rejoin.
+    self.assertEqual(trainer._where_stopped(599, cfg),  # pylint: disable=protected-access
+                     " at global step 600, the run's last; nothing is left to train")
+
+
 class DivergenceTest(absltest.TestCase):
   """A NaN or Inf loss stops the run before it spoils the model or a checkpoint."""
 
