@@ -313,11 +313,19 @@ class FaultsTest(parameterized.TestCase):
 
   def check_steps(self, cluster: FaultyCluster, victim: str, checkpoint_at_kill: int,
                   checkpoint_at_restart: Optional[int], summary: str) -> None:
-    """The global step never goes back below the newest checkpoint at the kill."""
+    """The global step never goes back below the newest checkpoint at the kill.
+
+    A step in flight at the kill may be logged past the log's offset and still below that
+    checkpoint, which is read once the victim is gone: a progress line names the global step
+    its step read, before that step's update and the checkpoint its end may save (a CI run: the
+    chief's "step 548" past the offset, checkpoint 549). A step behind by the updates of one
+    step of each worker is that, not a rollback, which goes back a checkpoint (1 s of steps).
+    """
+    in_flight = len(WORKERS) + 1
     for name in WORKERS:
       lines = cluster.step_lines(name)
       after = [l for l in lines if l.offset >= cluster.kill_offsets[name]]
-      below = [l for l in after if l.step < checkpoint_at_kill]
+      below = [l for l in after if l.step < checkpoint_at_kill - in_flight]
       self.assertEmpty(below, f"{name} printed global steps below the newest checkpoint at the "
                        f"kill (step {checkpoint_at_kill}) after the kill: {below}\n{summary}")
       if victim == "ps-0":
