@@ -93,7 +93,8 @@ class HelperCallsTest(absltest.TestCase):
 
     def body():
       inside.set()
-      time.sleep(0.3)  # finish() begins meanwhile.
+      while not self.calls._ending:  # pylint: disable=protected-access
+        time.sleep(0.01)  # Until finish() has begun.
       with self.calls.tf_work():
         pass
       done.set()
