@@ -27,18 +27,8 @@ chief hands out tokens until every worker has said it is done; and the sync
 thread runs in a session of its own that the chief closes, cancelling the
 blocked take_grad.
 
-One more on the chief's end: its final checkpoint must be the model as it
-ended. The checkpoint saver's end() comes before the hooks every replica
-runs, this one among them (session.py keeps MonitoredTrainingSession's
-order), so the sync thread went on aggregating while the saver read the
-variables: with other workers still training (only the chief was stopped;
-with backups they need no gradient of the chief's) a step could land
-mid-save, leaving some variables a step ahead of the saved global step, and
-steps after the checkpoint were lost. `final_checkpoint_guard()` is a hook
-for the chief's own list, which ends before the saver: it stops the sync
-thread between two aggregations, and only then is the checkpoint written;
-the workers are released after it, as before (test_sync_end.py: 124 steps made
-in the half second after the final checkpoint without it, none with it).
+The chief's end, its final checkpoint and the release of the other workers,
+is in sync_end.py.
 """
 
 import math
@@ -50,6 +40,7 @@ import tensorflow as tf
 
 from ps_trainer import errors
 from ps_trainer import process_end
+from ps_trainer import sync_end
 from ps_trainer import sync_replicas
 from ps_trainer import waits
 
@@ -171,12 +162,12 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
             name="ps_trainer_sync_stop", daemon=True)
         self._stop_watch.start()
 
-  def final_checkpoint_guard(self) -> "FinalCheckpointGuard":
+  def final_checkpoint_guard(self) -> sync_end.FinalCheckpointGuard:
     """A hook whose end() stops the aggregation: place it before the saver."""
-    return FinalCheckpointGuard(self)
+    return sync_end.FinalCheckpointGuard(self)
 
   def stop_aggregating(self):
-    """Stops the sync thread between two aggregations (module docstring).
+    """Stops the sync thread between two aggregations (sync_end.py's docstring).
 
     The thread checks for a stop between its sync ops; one in progress (its
     gradients arrive within a millisecond of each other) ends by itself
@@ -223,7 +214,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
           coord.request_stop(e)
         except Exception:  # pylint: disable=broad-except
           pass  # Already joined: the session is being recovered anyway.
-        _give_tokens(session, self._release_op)
+        sync_end.give_tokens(session, self._release_op)
 
   def _end_at_last_step(self, session):
     """The last step is applied: a token for every replica's current step.
@@ -287,7 +278,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       except Exception:  # pylint: disable=broad-except
         return False
       try:
-        return _give_tokens(session, release_op)
+        return sync_end.give_tokens(session, release_op)
       finally:
         session.close()
         del session  # Deleted inside tf_work(), not at the function's end.
@@ -313,40 +304,13 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       self._release_workers(session)
 
   def _release_workers(self, session):
-    """Hands out tokens until every other replica says it is done (bounded)."""
     if self._workers_done is None:
       return
-    others = self._num_workers - 1
-    them = "it" if others == 1 else "them"
-    start = time.monotonic()
-
-    def released():
-      session.run(self._release_op)
-      if self._workers_done(session) >= others:
-        return True
-      # A replica that finished says done before it exits; one that answers
-      # no more without saying so has crashed and never will.
-      if (self._others_gone is not None and time.monotonic() - start > 2
-          and self._others_gone()):
-        silent = "it does not answer" if others == 1 else "none of them answers"
-        errors.say(f"chief: {what()}, but {silent}; ending the run without "
-                   f"{them}")
-        return True
-      return False
-
-    def what():
-      if others == 1:
-        return "the other worker to finish its last synchronous step"
-      return (f"{others - self._workers_done(session)} of {others} other "
-              "workers to finish their last synchronous step")
-
     bound = self._drain_timeout_secs
     if self._stop is not None and self._stop.requested:
       bound = self._stopping_drain_secs
-    try:
-      waits.wait_until(released, what, bound, poll_secs=0.2)
-    except waits.WaitTimeout as e:
-      errors.warn(f"{e}; ending the run without {them}")
+    sync_end.release_workers(session, self._release_op, self._num_workers - 1,
+                             self._workers_done, self._others_gone, bound)
 
   def _stop_sync_thread(self, finish_within_secs: float = 0.0):
     """Ends the sync thread, after letting a sync op in progress finish
@@ -367,41 +331,3 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       errors.warn("the chief's aggregation of sync steps did not stop within "
                   "30 s")
     self._thread = None
-
-
-class FinalCheckpointGuard(tf.compat.v1.train.SessionRunHook):
-  """Ends `sync_hook`'s aggregation when the session ends (module docstring).
-
-  A failure here is logged, not raised: MonitoredSession would skip the
-  hooks after this one, the checkpoint saver among them.
-  """
-
-  def __init__(self, sync_hook: SyncReplicasHook):
-    self.sync_hook = sync_hook
-
-  def end(self, session):
-    try:
-      self.sync_hook.stop_aggregating()
-    except Exception as e:  # pylint: disable=broad-except
-      errors.warn("could not stop the aggregation of sync steps before the "
-                  "final checkpoint: " + errors.first_line(str(e)))
-
-
-def _give_tokens(session, release_op) -> bool:
-  """Runs `release_op` within 5 s; True if it ran.
-
-  For the steps nobody else will end: a stopping chief's own, and these.
-  After the sync thread failed (a PS died), the chief's own step and the
-  other workers' may be blocked on the token queue of a PS that is still
-  up: nothing would ever end them, and the chief would not see the
-  coordinator's stop request that starts its recovery (CI run: 2 PS, ps 1
-  killed while both workers waited for tokens; both gave up after
-  --wait_timeout_secs). With a token each, the steps return, the chief
-  recovers, and the workers' next steps meet the lost PS and recover too.
-  """
-  try:
-    session.run(release_op, options=tf.compat.v1.RunOptions(
-        timeout_in_ms=5000))
-    return True
-  except Exception:  # pylint: disable=broad-except
-    return False  # The PS holding the queue is gone.

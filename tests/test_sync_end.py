@@ -14,7 +14,7 @@ import tensorflow as tf
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import ps_flags
 from ps_trainer import session as session_lib
-from ps_trainer import sync
+from ps_trainer import sync_end
 from inprocess_cluster import InProcessCluster
 import sync_testlib
 from sync_testlib import (INIT, THREAD_TIMEOUT_SECS, BoundedThread, FakeStop,
@@ -56,13 +56,11 @@ class OthersGoneAtTheEndTest(tf.test.TestCase):
   """The chief's end when the other workers crashed without saying done."""
 
   def said(self, num_workers: int) -> str:
-    hook = sync.SyncReplicasHook(None, is_chief=True, num_workers=num_workers,
-                                 session_factory=None, workers_done=lambda _: 0,
-                                 others_gone=lambda: True)
-    hook._release_op = "release"  # pylint: disable=protected-access
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-      hook._release_workers(_ReleasesNothing())  # pylint: disable=protected-access
+      sync_end.release_workers(_ReleasesNothing(), "release", others=num_workers - 1,
+                               workers_done=lambda _: 0, others_gone=lambda: True,
+                               bound_secs=120)
     return output.getvalue()
 
   def test_the_chief_names_them_and_ends_the_run(self):

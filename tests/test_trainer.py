@@ -20,6 +20,7 @@ from ps_trainer import data
 from ps_trainer import peers
 from ps_trainer import stops
 from ps_trainer import sync
+from ps_trainer import sync_end
 from ps_trainer import trainer
 
 from inprocess_cluster import InProcessCluster
@@ -192,7 +193,7 @@ class LocalTrainingTest(absltest.TestCase):
     (sync_hook,) = [h for h in hooks.every_replica
                     if isinstance(h, sync.SyncReplicasHook)]
     (guard,) = [h for h in hooks.chief_only
-                if isinstance(h, sync.FinalCheckpointGuard)]
+                if isinstance(h, sync_end.FinalCheckpointGuard)]
     self.assertIs(guard.sync_hook, sync_hook)
 
   def test_a_stop_that_finds_the_run_at_its_last_step_leaves_it_finished(self):
