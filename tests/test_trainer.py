@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import threading
 import time
 from unittest import mock
@@ -37,7 +36,7 @@ class LocalTrainingTest(absltest.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.log_dir = tempfile.mkdtemp(prefix="ps_trainer_test_")
+    self.log_dir = testutil.make_tempdir(self)
 
   def train(self, *argv):
     cfg = testutil.make_config(f"--log_dir={self.log_dir}", "--log_every_steps=1000",
