@@ -101,8 +101,9 @@ def device_function(info: cluster_lib.ClusterInfo):
     info: the cluster from this task's view; must be a training replica.
 
   Returns:
-    A function for `tf.device()`: variables to `/job:ps/task:k` (balanced by
-    bytes), every other op to this task.
+    A function for `tf.compat.v1.device()` (TF 2's `tf.device` takes no
+    functions): variables to `/job:ps/task:k` (balanced by bytes), every
+    other op to this task.
   """
   return tf.compat.v1.train.replica_device_setter(
       ps_tasks=info.num_ps,

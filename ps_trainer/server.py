@@ -54,8 +54,13 @@ def _check_port_free(info: cluster_lib.ClusterInfo) -> None:
     probe.close()
 
 
-def start_server(info: cluster_lib.ClusterInfo) -> tf.compat.v1.train.Server:
-  """Starts this task's gRPC server; a taken port is a one-line error."""
+def start_server(info: cluster_lib.ClusterInfo,
+                 warn_if_exposed: bool = True) -> tf.compat.v1.train.Server:
+  """Starts this task's gRPC server; a taken port is a one-line error.
+
+  `warn_if_exposed`: print the line on what the server exposes (False for a
+  test's servers, which live only as long as the test's process).
+  """
   _check_port_free(info)
   spec, job, index = info.cluster_spec(), info.job_name, info.task_index
   if info.sparse:
@@ -70,7 +75,8 @@ def start_server(info: cluster_lib.ClusterInfo) -> tf.compat.v1.train.Server:
     raise ServerError(
         f"cannot start the {info.job_name} {info.task_index} server on "
         f"{info.address}: {reason} (is the port already in use?)") from None
-  _warn_if_exposed(info)
+  if warn_if_exposed:
+    _warn_if_exposed(info)
   return server
 
 

@@ -38,8 +38,10 @@ class InProcessCluster:
       self.ps_hosts = ",".join(hosts[:num_ps])
       self.worker_hosts = ",".join(hosts[num_ps:])
       try:
-        servers = [server_lib.start_server(self.info("ps", i)) for i in range(num_ps)]
-        servers += [server_lib.start_server(self.info("worker", i)) for i in range(num_workers)]
+        # Quiet: one warning per server would bury a failing test's output.
+        servers = [server_lib.start_server(self.info(job, i), warn_if_exposed=False)
+                   for job, count in (("ps", num_ps), ("worker", num_workers))
+                   for i in range(count)]
       except server_lib.ServerError:  # A port taken between picking and binding it.
         if attempt == _PORT_ATTEMPTS - 1:
           raise

@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from unittest import mock
 
 import tensorflow as tf
 
@@ -44,6 +45,21 @@ class ServerStartTest(tf.test.TestCase):
         rf"^ps 0 cannot listen on port {port} \(127\.0\.0\.1:{port}\): "
         r"Address already in use; another process holds it"):
       server_lib.start_server(info)
+
+
+  def test_a_task_warns_that_its_server_is_exposed_and_a_test_cluster_does_not(self):
+    def started(start):
+      err = io.StringIO()
+      with mock.patch.object(socket, "if_nameindex", return_value=[(1, "lo"), (2, "eth0")]), \
+          contextlib.redirect_stderr(err):
+        start()
+      return err.getvalue()
+    (port,) = testutil.pick_free_ports(1)
+    info = cluster.from_flags(f"127.0.0.1:{port}", "127.0.0.1:1", "ps", 0)
+    self.assertRegex(started(lambda: server_lib.start_server(info)),
+                     rf"^ps_trainer: warning: this task's TensorFlow server listens on port {port} "
+                     "of every network interface, without authentication")
+    self.assertEqual(started(lambda: InProcessCluster(num_ps=1, num_workers=1)), "")
 
 
 class PsLifecycleTest(tf.test.TestCase):
