@@ -10,6 +10,10 @@ its own before it trains.
 import json
 from typing import Optional
 
+# The models that read no --hidden_units. Every other one, a model added later
+# included, has its layer sizes checked.
+_WITHOUT_HIDDEN_UNITS = ("linear", "cnn")
+
 
 class MismatchError(ValueError):
   """This task's settings differ from the chief's. The message is one line."""
@@ -19,8 +23,8 @@ def of(cfg, input_shape, num_classes: int) -> dict:
   """The settings that must match across tasks for the job to work at all."""
   return {
       "model": cfg.model.model,
-      "hidden_units": (list(cfg.model.hidden_units)
-                       if cfg.model.model in ("mlp", "wide_deep") else None),
+      "hidden_units": (None if cfg.model.model in _WITHOUT_HIDDEN_UNITS
+                       else list(cfg.model.hidden_units)),
       "vocab_size": (cfg.model.vocab_size
                      if cfg.model.model == "wide_deep" else None),
       "embedding_dim": (cfg.model.embedding_dim

@@ -1,5 +1,7 @@
 """The run signature: which flag differences between tasks are refused, and how."""
 
+import dataclasses
+
 from absl.testing import absltest
 
 from ps_trainer import run_signature
@@ -42,6 +44,13 @@ class RunSignatureTest(absltest.TestCase):
     message = run_signature.mismatch(self.signature("--model=linear"), chief)
     self.assertIn("hidden_units: not used here but 128,64 on the chief", message)
     self.assertIn("model: linear here but mlp on the chief", message)
+
+  def test_a_model_added_later_has_its_hidden_units_checked(self):
+    cfg = testutil.make_config("--hidden_units=32")
+    mine = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, model="my_model"))
+    self.assertEqual(run_signature.of(mine, (8, 8, 1), 10)["hidden_units"], [32])
+    for model in ("linear", "cnn"):
+      self.assertIsNone(self.signature(f"--model={model}")["hidden_units"], model)
 
   def test_a_setting_the_chiefs_version_did_not_publish_is_named_as_such(self):
     own = self.signature()
