@@ -46,7 +46,6 @@ class ServerStartTest(tf.test.TestCase):
         r"Address already in use; another process holds it"):
       server_lib.start_server(info)
 
-
   def test_a_task_warns_that_its_server_is_exposed_and_a_test_cluster_does_not(self):
     def started(start):
       err = io.StringIO()
