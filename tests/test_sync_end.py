@@ -8,12 +8,14 @@ import contextlib
 import io
 import threading
 import time
+from unittest import mock
 
 import tensorflow as tf
 
 from ps_trainer import hooks as hooks_lib
 from ps_trainer import ps_flags
 from ps_trainer import session as session_lib
+from ps_trainer import sync
 from ps_trainer import sync_end
 from inprocess_cluster import InProcessCluster
 import sync_testlib
@@ -68,6 +70,28 @@ class OthersGoneAtTheEndTest(tf.test.TestCase):
                      "but it does not answer; ending the run without it\n")
     self.assertEqual(self.said(3), "chief: 2 of 2 other workers to finish their last synchronous "
                      "step, but none of them answers; ending the run without them\n")
+
+
+class ReleaseBoundTest(tf.test.TestCase):
+  """How long the chief's end hands out tokens: the drain bound, or a stop's shorter one."""
+
+  def bound_used(self, stop) -> float:
+    hook = sync.SyncReplicasHook(None, is_chief=True, num_workers=3, session_factory=None,
+                                 workers_done=lambda _: 0, stop=stop,
+                                 drain_timeout_secs=120, stopping_drain_secs=8)
+    hook._release_op = "release"  # pylint: disable=protected-access
+    with mock.patch.object(sync_end, "release_workers") as release:
+      hook.end(_ReleasesNothing())
+    release.assert_called_once()
+    (session, op, others, _, _, bound), _ = release.call_args
+    self.assertEqual((op, others), ("release", 2))
+    self.assertIsInstance(session, _ReleasesNothing)
+    return bound
+
+  def test_a_run_that_ends_waits_the_drain_bound_and_a_stopped_one_less(self):
+    self.assertEqual(self.bound_used(None), 120)
+    self.assertEqual(self.bound_used(FakeStop(requested=False)), 120)
+    self.assertEqual(self.bound_used(FakeStop(requested=True)), 8)
 
 
 class CleanEndTest(sync_testlib.SyncTestCase):
