@@ -10,6 +10,7 @@ import threading
 import time
 from unittest import mock
 
+from absl.testing import absltest
 import tensorflow as tf
 
 from ps_trainer import hooks as hooks_lib
@@ -54,7 +55,7 @@ class _ReleasesNothing:
     return None
 
 
-class OthersGoneAtTheEndTest(tf.test.TestCase):
+class OthersGoneAtTheEndTest(absltest.TestCase):
   """The chief's end when the other workers crashed without saying done."""
 
   def said(self, num_workers: int) -> str:
@@ -72,7 +73,7 @@ class OthersGoneAtTheEndTest(tf.test.TestCase):
                      "step, but none of them answers; ending the run without them\n")
 
 
-class ReleaseBoundTest(tf.test.TestCase):
+class ReleaseBoundTest(absltest.TestCase):
   """How long the chief's end hands out tokens: the drain bound, or a stop's shorter one."""
 
   def bound_used(self, stop) -> float:
