@@ -94,6 +94,15 @@ class Config:
   def replica_index(self) -> int:
     return self.cluster.replica_index if self.cluster else 0
 
+  @property
+  def writes_log_dir(self) -> bool:
+    """Whether this task writes under --log_dir, so must be able to."""
+    if self.cluster is None or self.cluster.is_chief:
+      return True
+    if self.cluster.job_name == "evaluator":
+      return True  # Its scores and summaries.
+    return bool(self.train.trace_steps or self.train.record_steps)
+
 
 def from_flag_values(values: Mapping, tf_config: str,
                      now: Optional[float] = None) -> Config:

@@ -57,7 +57,9 @@ def main(argv) -> int:
                                       os.environ.get("TF_CONFIG", ""))
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
-  created = _check_log_dir(cfg.train.log_dir) if cfg.is_chief else []
+  created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
+  if not cfg.is_chief:
+    created = []  # Left for the chief, which may be about to write there.
   if os.environ.get("PS_TRAINER_CHECK_ONLY"):
     # `launch.sh local` checks the chief's flags so before it starts any task:
     # a mistake is then one line, not one per task among the launcher's own.
@@ -81,7 +83,8 @@ def _check_log_dir(log_dir: str) -> list:
 
 
 def _run_task(cfg) -> int:
-  """Runs this task's role; user errors become one line and exit status 2."""
+  """Runs this task's role. Errors end it with one line: status 2 for bad
+  input, 1 for a failed run; a stop signal ends it with 128 + its number."""
   stop = _receive_stop_signals(cfg)
   from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
   if cfg.cluster is not None and cfg.train.pin_cpus:
@@ -146,10 +149,14 @@ def _run_task(cfg) -> int:
   except waits.Stopped as e:
     print(f"ps_trainer: {e}", file=sys.stderr, flush=True)
     return stop.exit_status()
-  except OSError as e:  # Python's own writes: result.json, step records.
-    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+  except OSError as e:  # Python's own file work: result.json, step records.
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+      _fail_disk_full(f"{e.strerror}: {e.filename}")
+    if os.environ.get("PS_TRAINER_TRACEBACK"):
       raise
-    _fail_disk_full(f"{e.strerror}: {e.filename}")
+    where = f"{e.filename}: " if e.filename else ""
+    _fail(f"the run stopped on a file error: {where}{e.strerror or e} "
+          "(PS_TRAINER_TRACEBACK=1 shows the traceback)", status=1)
   except tf.errors.ResourceExhaustedError as e:
     if _disk_full(e.message):  # TF reports ENOSPC as resource exhaustion too.
       _fail_disk_full(errors.first_line(e.message))

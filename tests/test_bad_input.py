@@ -191,6 +191,15 @@ _CASES = (
       "a directory this user can create and write"]),
     ("log_dir_a_file", _regular_file, ["--log_dir={tmp}/file", _SHORT], {},
      ["--log_dir={tmp}/file", "is a file, not a directory"]),
+    ("worker_records_to_a_file", _regular_file,
+     _WORKER_1 + ["--record_steps", "--log_dir={tmp}/file"], {},
+     ["--log_dir={tmp}/file", "is a file, not a directory"]),
+    ("worker_traces_under_a_file", _regular_file,
+     _WORKER_1 + ["--trace_steps=5", "--log_dir={tmp}/file/run"], {},
+     ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)"]),
+    ("evaluator_log_dir_under_a_file", _regular_file,
+     [_PS, _WORKERS, "--job_name=evaluator", "--task_index=0", "--log_dir={tmp}/file/run"], {},
+     ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)"]),
     ("log_dir_of_another_model", _run_of_another_model,
      ["--hidden_units=8,4", _SHORT, "--log_dir={tmp}/run"], {},
      ["--log_dir={tmp}/run holds checkpoints of another model",
@@ -385,15 +394,19 @@ class BadInputTest(parameterized.TestCase):
     self.assertIn("No space left on device", last, where)
     self.assertIn("run the same command again", last, where)
 
-  def test_a_full_disk_met_by_a_python_write_is_the_same_one_line(self):
-    # result.json is written by Python, whose full disk is an OSError, not TF's error.
+  def _python_write_fails(self, error: str):
+    """Runs a short local job whose result.json write raises OSError(`error`).
+
+    Returns:
+      (stderr's last line, the log dir).
+    """
     tmp = testutil.make_tempdir(self)
     script = (
-        "import errno, runpy, sys\n"
+        "import errno, os, runpy, sys\n"
         "from ps_trainer import hooks\n"
-        "def full(path, value):\n"
-        "  raise OSError(errno.ENOSPC, 'No space left on device', path)\n"
-        "hooks.write_json = full\n"
+        "def fails(path, value):\n"
+        f"  raise OSError(errno.{error}, os.strerror(errno.{error}), path)\n"
+        "hooks.write_json = fails\n"
         f"sys.argv = ['ps_trainer', '--dataset=synthetic', '{_SHORT}', '--log_dir={tmp}/run']\n"
         "runpy.run_module('ps_trainer', run_name='__main__')\n")
     proc = subprocess.run([testutil.PYTHON, "-c", script], cwd=tmp, env=_user_env({}),
@@ -402,11 +415,21 @@ class BadInputTest(parameterized.TestCase):
     where = f"\n--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}"
     self.assertNotIn("Traceback", proc.stdout + proc.stderr, where)
     self.assertEqual(proc.returncode, 1, where)
-    self.assertEqual(proc.stderr.splitlines()[-1], (
-        f"{_PREFIX}a file system is full (No space left on device: {tmp}/run/result.json); "
-        "free space there (--log_dir holds the checkpoints, summaries and export) and run the "
-        "same command again: it continues from the newest checkpoint"), where)
+    return proc.stderr.splitlines()[-1], f"{tmp}/run"
 
+  def test_a_full_disk_met_by_a_python_write_is_the_same_one_line(self):
+    # result.json is written by Python, whose full disk is an OSError, not TF's error.
+    last, log_dir = self._python_write_fails("ENOSPC")
+    self.assertEqual(last, (
+        f"{_PREFIX}a file system is full (No space left on device: {log_dir}/result.json); "
+        "free space there (--log_dir holds the checkpoints, summaries and export) and run the "
+        "same command again: it continues from the newest checkpoint"))
+
+  def test_any_other_failed_python_write_is_one_line_naming_the_file(self):
+    last, log_dir = self._python_write_fails("EIO")
+    self.assertEqual(last, (
+        f"{_PREFIX}the run stopped on a file error: {log_dir}/result.json: Input/output "
+        "error (PS_TRAINER_TRACEBACK=1 shows the traceback)"))
 
 if __name__ == "__main__":
   absltest.main()
