@@ -241,7 +241,11 @@ def read_npz(path, label, context):
     raise DataError(f"{label}: is a directory, not a file; {needs}")
   if not os.path.isfile(path):
     raise DataError(f"{label}: no such file; {needs}")
-  if _magic_of(path) not in (b"PK\x03\x04", b"\x93NUM"):
+  try:
+    magic = _magic_of(path)
+  except OSError as e:
+    raise DataError(f"{label}: cannot read ({e.strerror}); {needs}") from e
+  if magic not in (b"PK\x03\x04", b"\x93NUM"):
     # np.load would guess "pickled data" for any other bytes.
     raise DataError(f"{label}: not an .npz archive (not a zip file); {needs}")
   try:

@@ -192,7 +192,11 @@ def _list_files(data_dir):
   if not os.path.isdir(data_dir):
     raise DataError(f"--data_dir={data_dir}: no such directory; "
                     f"{TFRECORD_NEEDS}")
-  names = sorted(os.listdir(data_dir))
+  try:
+    names = sorted(os.listdir(data_dir))
+  except OSError as e:
+    raise DataError(f"--data_dir={data_dir}: cannot list ({e.strerror}); "
+                    f"{TFRECORD_NEEDS}") from e
   # Subdirectories are not searched: a train/ directory is not a file.
   files = [n for n in names if os.path.isfile(os.path.join(data_dir, n))]
   split = {}

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -242,6 +243,17 @@ class NpzTest(parameterized.TestCase):
         data.DataError, rf"^--data_path={re.escape(path)}: no such file; "
         r"--dataset=npz needs a keras-layout \.npz with keys x_train"):
       data.load("npz", data_path=path)
+
+  def test_unreadable_file(self):
+    # Tests run as root, whom no file mode keeps out: the refusal is faked.
+    x = np.zeros((3, 2), np.float32)
+    path = self._npz(**_layout(x, x))
+    denied = PermissionError(13, "Permission denied", path)
+    with mock.patch.object(readers, "open", side_effect=denied, create=True):
+      with self.assertRaisesRegex(
+          data.DataError, rf"^--data_path={re.escape(path)}: cannot read "
+          r"\(Permission denied\); --dataset=npz needs a keras-layout \.npz"):
+        data.load("npz", data_path=path)
 
   @parameterized.named_parameters(
       ("text", b"hello, not an archive\n",

@@ -145,6 +145,17 @@ class InspectTest(parameterized.TestCase):
         r"--dataset=tfrecord needs"):
       record_checks.inspect(missing)
 
+  def test_unlistable_dir(self):
+    directory = testutil.make_tempdir(self)
+    _write_set(directory)
+    # Tests run as root, whom no directory mode keeps out: the refusal is faked.
+    denied = PermissionError(13, "Permission denied", directory)
+    with mock.patch.object(record_checks.os, "listdir", side_effect=denied):
+      with self.assertRaisesRegex(
+          record_checks.DataError, rf"^--data_dir={re.escape(directory)}: "
+          r"cannot list \(Permission denied\); --dataset=tfrecord needs"):
+        record_checks.inspect(directory)
+
   @parameterized.named_parameters(("train", "train"), ("test", "test"))
   def test_no_files_of_a_split(self, split):
     directory = testutil.make_tempdir(self)
