@@ -23,7 +23,8 @@ import tensorflow as tf
 from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
-from ps_trainer import hooks
+from ps_trainer import output_dir
+from ps_trainer import run_result
 from ps_trainer import stops
 from ps_trainer import train_graph
 from ps_trainer import waits
@@ -54,13 +55,17 @@ def read_scores(log_dir: str) -> list:
     return []
   except ValueError:
     return []  # Cut short by a crash mid-write of an older version: start over.
-  return scores if isinstance(scores, list) else []
+  if not isinstance(scores, list):
+    return []
+  # An entry edited by hand into something else is dropped, not a crash.
+  return [s for s in scores
+          if isinstance(s, dict) and isinstance(s.get("global_step"), int)]
 
 
 def _append_score(log_dir: str, scores: list, score: dict) -> None:
   """Rewrites eval.json with `score` added; readers never see half a file."""
   scores.append(score)
-  hooks.write_json(os.path.join(log_dir, EVAL_JSON), scores)
+  output_dir.write_json(os.path.join(log_dir, EVAL_JSON), scores)
 
 
 class _Evaluation:
@@ -105,12 +110,8 @@ class _Evaluation:
 def _finished_step(log_dir: str, train_steps: int) -> Optional[int]:
   """The global step result.json reports for a run that reached
   `train_steps`, else None (no result.json, or an earlier, shorter run's)."""
-  try:
-    with open(os.path.join(log_dir, "result.json"), encoding="utf-8") as f:
-      step = int(json.load(f)["global_step"])
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  return step if step >= train_steps else None
+  result = run_result.reached(log_dir, train_steps)
+  return None if result is None else int(result["global_step"])
 
 
 def _gone(checkpoint: str) -> bool:

@@ -29,8 +29,8 @@ from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import errors
-from ps_trainer import hooks
 from ps_trainer import models
+from ps_trainer import run_result
 
 EXPORT_SUBDIR = "export"
 SIGNATURE_KEY = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
@@ -87,8 +87,7 @@ def export_and_record(cfg: config_lib.Config, dataset: data.DataSet,
   path, kept = _export(cfg, dataset, log_dir)
   result = dict(result, export_dir=os.path.abspath(path))
   try:
-    # Where trainer.py's ResultHook wrote it.
-    hooks.write_json(os.path.join(log_dir, "result.json"), result)
+    run_result.write(log_dir, result)
   except OSError as e:
     raise ExportError(f"exported {path}, but cannot rewrite result.json in "
                       f"--log_dir={log_dir} ({e.strerror})") from None

@@ -19,14 +19,13 @@ for the PS tasks and exit 1. When it sees the chief's --log_dir (the same
 host, or a shared file system), the same evidence tells it the job is over.
 """
 
-import json
-import os
 from typing import Optional
 
 import tensorflow as tf
 
 from ps_trainer import checkpoints
 from ps_trainer import export
+from ps_trainer import run_result
 from ps_trainer import waits
 
 # How long a finished chief waits for the PS tasks (at most
@@ -43,12 +42,8 @@ def earlier_result(log_dir: str, train_steps: int) -> Optional[dict]:
   before; so does a log dir whose checkpoints were removed to start over,
   or whose result.json cannot be read.
   """
-  try:
-    with open(os.path.join(log_dir, "result.json")) as f:
-      result = json.load(f)
-    if int(result["global_step"]) < train_steps:
-      return None
-  except (OSError, ValueError, TypeError, KeyError):
+  result = run_result.reached(log_dir, train_steps)
+  if result is None:
     return None
   checkpoint = checkpoints.latest(log_dir)
   try:

@@ -4,15 +4,14 @@ Hooks add ops only in begin() (the graph is final after), and read the
 global step in the same run as the train op, so they cost no extra RPC.
 """
 
-import json
 import math
-import os
 import time
 from typing import Callable, Optional
 
 import tensorflow as tf
 
 from ps_trainer import errors
+from ps_trainer import run_result
 from ps_trainer import stops
 
 
@@ -201,19 +200,19 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     throughput: the run's Throughput.
     examples_per_global_step: to turn steps/s into examples/s.
     fields: constant fields of result.json (mode, cluster size, ...).
-    path: where result.json goes.
+    log_dir: where result.json goes.
     progress: the ProgressHook, for the last training loss.
   """
 
   def __init__(self, evaluate, global_step, throughput: Throughput,
-               examples_per_global_step: int, fields: dict, path: str,
+               examples_per_global_step: int, fields: dict, log_dir: str,
                progress: Optional[ProgressHook] = None):
     self._evaluate = evaluate
     self._global_step = global_step
     self._throughput = throughput
     self._examples = examples_per_global_step
     self._fields = fields
-    self._path = path
+    self._log_dir = log_dir
     self._progress = progress
     self.result = None
 
@@ -221,13 +220,14 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     global_step = int(session.run(self._global_step))
     if global_step < self._throughput.train_steps:
       return  # Stopped early: no result to report.
-    if self._throughput.steps_observed == 0 and os.path.exists(self._path):
+    earlier = (run_result.read(self._log_dir)
+               if self._throughput.steps_observed == 0 else None)
+    if earlier is not None:
       # A finished job started again: its result stands; a run of zero
       # steps has no speed to report.
-      with open(self._path) as f:
-        self.result = json.load(f)
+      self.result = earlier
       errors.say(f"nothing to train: global step {global_step} has reached "
-                 f"--train_steps; kept {self._path}")
+                 f"--train_steps; kept {run_result.path(self._log_dir)}")
       return
     steps_per_sec = self._throughput.steps_per_sec()
     metrics = self._evaluate(session)
@@ -242,7 +242,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         steps_per_sec=steps_per_sec,
         wall_secs=self._throughput.wall_secs(),
         **self._fields)
-    write_json(self._path, self.result)
+    run_result.write(self._log_dir, self.result)
     errors.say(summary_line(self.result))
 
 
@@ -261,16 +261,6 @@ def summary_line(result: dict) -> str:
   return (f"done: step {result['global_step']}  test accuracy "
           f"{result['accuracy']:.4f}  test loss {result['loss']:.4f}  "
           f"{speed}  ({where})")
-
-
-def write_json(path: str, value) -> None:
-  """Writes JSON atomically: readers never see a half-written file."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = f"{path}.tmp.{os.getpid()}"
-  with open(tmp, "w") as f:
-    json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
-    f.write("\n")
-  os.replace(tmp, path)
 
 
 class StopOnRequestHook(tf.compat.v1.train.SessionRunHook):

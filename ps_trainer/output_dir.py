@@ -7,6 +7,7 @@ through here, so each says what was wrong in one line, naming its flag.
 """
 
 import fnmatch
+import json
 import os
 import tempfile
 from typing import List, Sequence
@@ -69,3 +70,13 @@ def remove_if_empty(directories: List[str]) -> None:
       os.rmdir(directory)
     except OSError:
       return  # Not empty: it holds the run's files (and so do its parents).
+
+
+def write_json(path: str, value) -> None:
+  """Writes JSON atomically: readers never see a half-written file."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = f"{path}.tmp.{os.getpid()}"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
+    f.write("\n")
+  os.replace(tmp, path)

@@ -260,7 +260,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
     chief_only.append(sync_hook.final_checkpoint_guard())
   result = hooks_lib.ResultHook(
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
-      os.path.join(cfg.train.log_dir, "result.json"), progress)
+      cfg.train.log_dir, progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result, stall_watch)
 

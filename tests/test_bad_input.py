@@ -403,10 +403,10 @@ class BadInputTest(parameterized.TestCase):
     tmp = testutil.make_tempdir(self)
     script = (
         "import errno, os, runpy, sys\n"
-        "from ps_trainer import hooks\n"
+        "from ps_trainer import output_dir\n"
         "def fails(path, value):\n"
         f"  raise OSError(errno.{error}, os.strerror(errno.{error}), path)\n"
-        "hooks.write_json = fails\n"
+        "output_dir.write_json = fails\n"
         f"sys.argv = ['ps_trainer', '--dataset=synthetic', '{_SHORT}', '--log_dir={tmp}/run']\n"
         "runpy.run_module('ps_trainer', run_name='__main__')\n")
     proc = subprocess.run([testutil.PYTHON, "-c", script], cwd=tmp, env=_user_env({}),

@@ -5,6 +5,7 @@ into a log dir; the evaluator reads them as it would from a cluster's chief.
 """
 
 import glob
+import json
 import os
 import signal
 import threading
@@ -92,6 +93,12 @@ class EvaluatorTest(absltest.TestCase):
     self.train(200)
     steps = [s["global_step"] for s in self.evaluate(200)]
     self.assertEqual(steps, [100, 200])
+
+  def test_scores_edited_into_other_shapes_are_dropped_not_a_crash(self):
+    kept = {"global_step": 100, "loss": 0.5, "accuracy": 0.8}
+    with open(os.path.join(self.log_dir, evaluator.EVAL_JSON), "w") as f:
+      f.write(f'[1, {{}}, {{"global_step": "100"}}, {json.dumps(kept)}]')
+    self.assertEqual(evaluator.read_scores(self.log_dir), [kept])
 
   def test_checkpoints_of_another_model_stop_it_in_one_line(self):
     self.train(100)  # mlp 128,64 (the default)

@@ -13,9 +13,9 @@ import tensorflow as tf
 from ps_trainer import clicks
 from ps_trainer import data
 from ps_trainer import export
-from ps_trainer import hooks
 from ps_trainer import models
 from ps_trainer import placement
+from ps_trainer import run_result
 from ps_trainer import trainer
 
 import testutil
@@ -240,7 +240,7 @@ class ExportTest(absltest.TestCase):
     first = os.stat(saved_model_pb).st_mtime_ns
     # What an export killed half-way leaves behind.
     os.makedirs(os.path.join(log_dir, "export", ".partial-7-12345", "variables"))
-    hooks.write_json(os.path.join(log_dir, "result.json"), {"global_step": 7})
+    run_result.write(log_dir, {"global_step": 7})
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
       result = export.export_and_record(cfg, _CLICKS, {"global_step": 7})
@@ -258,7 +258,7 @@ class ExportTest(absltest.TestCase):
       export.export_saved_model(cfg, _CLICKS, log_dir)
     checkpoint = os.path.join(log_dir, "model.ckpt-7")
     _wide_deep_probabilities(cfg, 2, checkpoint, _ROWS, _dense(len(_ROWS)))
-    hooks.write_json(os.path.join(log_dir, "result.json"), {"global_step": 7})
+    run_result.write(log_dir, {"global_step": 7})
     files = {name: os.stat(os.path.join(log_dir, name)).st_mtime_ns
              for name in os.listdir(log_dir)}
     intact = (rf"; the checkpoint {checkpoint} and result\.json are intact; run the same "

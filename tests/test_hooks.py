@@ -100,7 +100,7 @@ class ResultHookTest(absltest.TestCase):
         evaluate=lambda session: {"loss": 0.25, "accuracy": 0.75},
         global_step="gs", throughput=throughput, examples_per_global_step=64,
         fields={"sync_replicas": False, "num_workers": 2, "num_ps": 1},
-        path=path, progress=progress)
+        log_dir=os.path.dirname(path), progress=progress)
 
   def test_writes_the_figures(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
@@ -129,6 +129,17 @@ class ResultHookTest(absltest.TestCase):
     with open(path) as f:
       self.assertEqual(json.load(f), {"global_step": 20, "steps_per_sec": 2.0})
     self.assertEqual(hook.result["steps_per_sec"], 2.0)
+
+  def test_a_result_json_cut_short_is_written_again(self):
+    path = os.path.join(testutil.make_tempdir(self), "result.json")
+    with open(path, "w") as f:
+      f.write('{"global_step": 2')
+    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=FakeClock()))
+    hook.end(_Session(20))
+    with open(path) as f:
+      result = json.load(f)
+    self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
+    self.assertIsNone(result["steps_per_sec"])  # No step was timed.
 
 
   def test_a_chief_that_timed_no_steps_reports_no_speed(self):
