@@ -21,6 +21,7 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from ps_trainer import cluster as cluster_lib
+from ps_trainer import host_ports
 
 # This process's own cores once pin_task() has pinned it; threads_per_task()
 # then counts them (the affinity mask no longer shows the host's share).
@@ -33,16 +34,13 @@ _host_share: Optional[Tuple[int, ...]] = None
 RELEASED_NICE = 19
 
 
-def _host(address: str) -> str:
-  return address.rsplit(":", 1)[0]
-
-
 def tasks_on_host(info: cluster_lib.ClusterInfo) -> List[Tuple[str, int]]:
   """(job, index) of every training task on this task's host, this one
   included, in an order every task computes alike."""
-  host = _host(info.address)
+  machine = host_ports.machine_of(info.address)
   return sorted((job, index) for job, tasks in info.jobs.items()
-                for index, address in tasks.items() if _host(address) == host)
+                for index, address in tasks.items()
+                if host_ports.machine_of(address) == machine)
 
 
 def allowed_cores() -> List[int]:

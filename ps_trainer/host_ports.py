@@ -59,13 +59,19 @@ def check_address(where: str, address: str) -> None:
         "accepted ports are 1-65535")
 
 
+def machine_of(address: str) -> str:
+  """The machine a host:port names: the loopback names (localhost,
+  127.0.0.1, [::1], ...) are one, and host names ignore case."""
+  host = address.rpartition(":")[0]
+  return "loopback" if _LOOPBACK.fullmatch(host) else host.lower()
+
+
 def check_unique(where: str, addresses: Sequence[str]) -> None:
   """Two tasks on one host:port cannot both listen. A TF server listens on
-  every interface, so the loopback names (localhost, 127.0.0.1, ...) are one."""
+  every interface, so one machine's names for itself are one host."""
   seen = {}
   for address in addresses:
-    host, _, port = address.rpartition(":")
-    key = ("loopback" if _LOOPBACK.fullmatch(host) else host.lower(), port)
+    key = (machine_of(address), address.rpartition(":")[2])
     if key in seen:
       first = seen[key]
       same = ("appears twice" if first == address else

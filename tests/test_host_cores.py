@@ -38,6 +38,12 @@ class ThreadsPerTaskTest(absltest.TestCase):
     self.assertEqual(host_cores.threads_per_task(three, cpus=16), 5)
     self.assertEqual(host_cores.threads_per_task(three, cpus=2), 1)
 
+  def test_one_machines_names_for_itself_are_one_host(self):
+    # As the duplicate-port check counts them: localhost and 127.0.0.1 are one machine.
+    mixed = info(["localhost:1"], ["127.0.0.1:2", "LOCALHOST:3"])
+    self.assertEqual(host_cores.threads_per_task(mixed, cpus=6), 2)
+    self.assertLen(host_cores.tasks_on_host(mixed), 3)
+
   def test_a_task_alone_on_its_host_keeps_tf_defaults(self):
     alone = info(["h1:2222"], ["h2:2222", "h3:2222"], "ps", 0)
     self.assertEqual(host_cores.threads_per_task(alone, cpus=2), 0)
