@@ -51,7 +51,7 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         note_gap = (straggler_note_secs if changed
                     else min(2 * note_gap, _MAX_STRAGGLER_NOTE_SECS))
         left = not_done_names(info, flags)
-        watch.note_done(info, flags)
+        watch.note_done(flags)
         errors.say(f"ps {info.task_index}: {done} of {info.num_workers} "
                    f"worker(s) done{'; waiting for ' + left if left else ''}")
         last = flags
@@ -105,9 +105,10 @@ class _WorkerWatch:
 
   def __init__(self, info, timeout_secs, probe_every_secs, clock,
                note_every_secs: Optional[float] = None):
+    self._info = info
     self._who = f"ps {info.task_index}"
     self._workers = {} if info.sparse else info.replica_addresses()
-    self._done = set()
+    self._flags = [0] * info.num_workers
     self._timeout = timeout_secs
     self._probe_every = probe_every_secs
     # Often enough to be seen before a short bound runs out.
@@ -117,13 +118,13 @@ class _WorkerWatch:
     self._answering = True
     self._next_note = self._last_answer + self._note_every
 
-  def note_done(self, info: cluster_lib.ClusterInfo, flags: list) -> None:
+  def note_done(self, flags: list) -> None:
     """Leaves the replicas whose done flag is set out of the names it gives.
 
     They are still probed: a replica stopped and started again trains on with
     its flag set, so its answer still means the job is alive.
     """
-    self._done = {info.replica_name(r) for r, flag in enumerate(flags) if flag}
+    self._flags = flags
 
   def any_answering(self, now) -> bool:
     if not self._workers:
@@ -147,5 +148,4 @@ class _WorkerWatch:
 
   def describe(self) -> str:
     """The workers not yet done, with their addresses."""
-    return waits.describe({name: a for name, a in self._workers.items()
-                           if name not in self._done})
+    return not_done_names(self._info, self._flags)

@@ -82,8 +82,8 @@ class PsLifecycleTest(tf.test.TestCase):
                      "the PS", 60)
     return ps, statuses
 
-  def run_ps(self, stop, wait_timeout_secs=60.0):
-    info, _, worker_ports = self.ps_info(2)
+  def run_ps(self, stop, wait_timeout_secs=60.0, num_workers=2):
+    info, _, worker_ports = self.ps_info(num_workers)
     output = io.StringIO()
     start = time.monotonic()
     with contextlib.redirect_stdout(output):
@@ -99,6 +99,14 @@ class PsLifecycleTest(tf.test.TestCase):
         f"ps 0: giving up: no worker has answered for 1 s (worker 0 at 127.0.0.1:{w0}, "
         f"worker 1 at 127.0.0.1:{w1}) and 0 of 2 said done (--wait_timeout_secs); exiting "
         "with status 1"))
+
+  def test_its_give_up_line_names_the_first_five_workers_of_a_big_job(self):
+    status, _, lines, ports = self.run_ps(FakeStop(), wait_timeout_secs=1.0, num_workers=7)
+    self.assertEqual(status, 1)
+    named = ", ".join(f"worker {i} at 127.0.0.1:{p}" for i, p in enumerate(ports[:5]))
+    self.assertEqual(lines[-1], (
+        f"ps 0: giving up: no worker has answered for 1 s ({named} and 2 more) and 0 of 7 "
+        "said done (--wait_timeout_secs); exiting with status 1"))
 
   def test_once_a_worker_is_done_it_names_the_ones_it_still_waits_for(self):
     info, ps_port, worker_ports = self.ps_info(7)
