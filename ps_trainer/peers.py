@@ -70,7 +70,7 @@ class Peers:
           tg.own_signature, session.run(tg.signature).decode())
       if problem:
         raise run_signature.MismatchError(problem)
-      waits.wait_until(waits.uninitialized(session, tg.model_not_ready), what,
+      waits.wait_until(waits.all_initialized(session, tg.model_not_ready), what,
                        self._timeout, stop=self._stop)
 
   def stall_reason(self) -> str:

@@ -85,7 +85,7 @@ class ChiefStart:
 
   def model_is_live(self, session) -> bool:
     """True if every model variable already has a value on its PS."""
-    return waits.uninitialized(session, self._not_ready)()
+    return waits.all_initialized(session, self._not_ready)()
 
   def saver(self, **kwargs) -> tf.compat.v1.train.Saver:
     """A Saver of the model variables that restores only over an empty PS."""

@@ -139,7 +139,7 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
     self._ready_op = self._opt.ready_for_local_init_op
 
   def after_create_session(self, session, coord):
-    waits.wait_until(waits.uninitialized(session, self._ready_op),
+    waits.wait_until(waits.all_initialized(session, self._ready_op),
                      "the chief to initialize the model",
                      timeout_secs=self._ready_timeout_secs,
                      stop=self._stop)

@@ -83,7 +83,7 @@ def report_uninitialized(variables):
   return report
 
 
-def uninitialized(session, report_op) -> Callable[[], bool]:
+def all_initialized(session, report_op) -> Callable[[], bool]:
   """A `ready` callable: true once `report_op` lists no uninitialized variable."""
   return lambda: session.run(report_op).size == 0
 
