@@ -41,22 +41,7 @@ import tensorflow as tf
 from ps_trainer import errors
 from ps_trainer import process_end
 from ps_trainer import sync_end
-from ps_trainer import sync_replicas
 from ps_trainer import waits
-
-
-def wrap_sync(optimizer, replicas_to_aggregate: int, num_workers: int,
-              replica_index: int) -> sync_replicas.SyncOptimizer:
-  """Wraps `optimizer` so each global step averages gradients of N replicas.
-
-  With more workers than `replicas_to_aggregate` the extra ones are backups:
-  a step completes once fresh gradients of N different replicas have arrived
-  (any others already in by then are averaged in too), and gradients older
-  than the global step are dropped, so the slowest worker never holds a step
-  up.
-  """
-  return sync_replicas.SyncOptimizer(
-      optimizer, replicas_to_aggregate, num_workers, replica_index)
 
 
 class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):

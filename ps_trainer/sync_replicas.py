@@ -58,6 +58,12 @@ MAX_WAITING_TOKENS = 100
 class SyncOptimizer(tf.compat.v1.train.Optimizer):
   """Wraps `optimizer` so each global step averages gradients of N replicas.
 
+  With more workers than `replicas_to_aggregate` the extra ones are backups:
+  a step completes once fresh gradients of N different replicas have arrived
+  (any others already in by then are averaged in too), and gradients older
+  than the global step are dropped, so the slowest worker never holds a step
+  up.
+
   Build it on every replica with the same arguments except
   `replica_index`, then use `apply_gradients`'s train op as the replica's
   train op. The chief runs `chief_init_op` once per session and `sync_op` in

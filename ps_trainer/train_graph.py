@@ -19,7 +19,6 @@ from ps_trainer import placement
 from ps_trainer import ps_flags
 from ps_trainer import resume
 from ps_trainer import run_signature
-from ps_trainer import sync
 from ps_trainer import sync_replicas
 from ps_trainer import waits
 
@@ -94,9 +93,9 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
                                             cfg.train.learning_rate)
       sync_optimizer = None
       if cfg.train.sync_replicas:
-        optimizer = sync_optimizer = sync.wrap_sync(
+        optimizer = sync_optimizer = sync_replicas.SyncOptimizer(
             optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers,
-            info.replica_index if info else 0)
+            cfg.replica_index)
       if reads is None:
         grads_and_vars = optimizer.compute_gradients(loss)
       else:

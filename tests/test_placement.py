@@ -15,7 +15,7 @@ import tensorflow as tf
 from ps_trainer import cluster
 from ps_trainer import models
 from ps_trainer import placement
-from ps_trainer import sync
+from ps_trainer import sync_replicas
 
 tf.compat.v1.disable_eager_execution()
 
@@ -275,7 +275,7 @@ class SyncGraphPlacementTest(tf.test.TestCase):
       global_step = tf.compat.v1.train.get_or_create_global_step()
       logits = models.build_logits("mlp", features, (8, 8, 1), 10, (32, 16))
       loss, _ = models.loss_and_accuracy(logits, labels)
-      optimizer = sync.wrap_sync(
+      optimizer = sync_replicas.SyncOptimizer(
           tf.compat.v1.train.AdamOptimizer(0.01), 2, 2, info.replica_index)
       train_op = optimizer.minimize(loss, global_step=global_step)
       if then:

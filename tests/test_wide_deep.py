@@ -15,7 +15,7 @@ from ps_trainer import models
 from ps_trainer import optimizers
 from ps_trainer import packing
 from ps_trainer import placement
-from ps_trainer import sync
+from ps_trainer import sync_replicas
 
 tf.compat.v1.disable_eager_execution()
 
@@ -97,14 +97,14 @@ class PartitionTest(parameterized.TestCase):
 class SparseGradientTest(parameterized.TestCase):
 
   @parameterized.parameters(False, True)
-  def test_table_gradients_stay_sparse(self, sync_replicas):
+  def test_table_gradients_stay_sparse(self, sync):
     with tf.Graph().as_default() as graph:
       with tf.compat.v1.device(placement.device_function(_info(2))):
         global_step = tf.compat.v1.train.get_or_create_global_step()
         _, _, _, loss = _build(2)
         optimizer = optimizers.make_optimizer("adagrad", 0.1)
-        if sync_replicas:
-          optimizer = sync.wrap_sync(optimizer, 2, 2, replica_index=0)
+        if sync:
+          optimizer = sync_replicas.SyncOptimizer(optimizer, 2, 2, replica_index=0)
         grads_and_vars = optimizer.compute_gradients(loss)
         optimizer.apply_gradients(grads_and_vars, global_step=global_step)
       part_shapes = set()
