@@ -114,7 +114,9 @@ class ClusterInfo:
     """Devices this task may talk to.
 
     A worker sees the PS tasks and itself only, so it neither waits for nor
-    depends on the other workers (NOTES.md, failure mode 8). A PS sees itself.
+    depends on the other workers: without filters, a session waits for every
+    task of the cluster, and one lost worker stalls the rest. A PS sees
+    itself.
     """
     if self.is_ps:
       return [self.task_device]

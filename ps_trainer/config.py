@@ -1,7 +1,8 @@
 """The run's configuration: built once from flag values and TF_CONFIG, then frozen.
 
 Every later stage receives these objects explicitly; nothing below main.py
-reads flags or the environment.
+reads flags, and the environment only where a setting must outlive the
+process image: stops.py counts a task's restarts of itself (execv) there.
 """
 
 import dataclasses

@@ -112,7 +112,8 @@ def load(name, data_dir="", data_path=""):
 
   Args:
     name: one of DATASETS (the --dataset value).
-    data_dir: --data_dir, the directory of the MNIST IDX files (mnist only).
+    data_dir: --data_dir, the directory of the MNIST IDX files or of the
+      TFRecord files (mnist and tfrecord).
     data_path: --data_path, the .npz file (npz only).
 
   Returns:

@@ -1,7 +1,8 @@
 """Every command-line flag of the trainer, and the checks on their values.
 
-The only module besides main.py that touches FLAGS. Flags are never mutated:
-derived values (the default learning rate, the default number of replicas to
+In the trainer, the only module besides main.py that touches FLAGS (plan_main.py
+and experiments/ are programs of their own). Flags are never mutated: derived
+values (the default learning rate, the default number of replicas to
 aggregate) are resolved in config.py.
 """
 

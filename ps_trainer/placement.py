@@ -31,7 +31,8 @@ class GreedyByteBalancer:
   """A ps_strategy: each new variable goes to the PS holding fewest bytes so far.
 
   TF 2.21 no longer ships contrib's GreedyLoadBalancingStrategy; round-robin
-  would put whole large variables on one PS (NOTES.md, failure mode 5).
+  can put the large variables together on one PS, whose memory and link
+  then carry most of the model.
   Every worker builds the same graph in the same order, so every worker
   computes the same placement without talking to the others.
 

@@ -1,7 +1,7 @@
 """Flags the PS tasks hold for the replicas, and the short runs that set them.
 
-`server.join()` blocks forever and a TF server has no clean stop (NOTES.md,
-failure mode 2). Instead each PS holds one "done" flag per replica; every
+`server.join()` blocks forever and a TF server has no clean stop, so a plain
+TF1 PS never exits. Instead each PS holds one "done" flag per replica; every
 training replica sets its flag on each PS as its last act, and a PS exits
 once every flag is set (ps_task.py). The chief also reads PS 0's flags to
 learn when the other workers have finished (see sync.py). PS 0 also holds

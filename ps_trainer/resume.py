@@ -4,7 +4,7 @@ MonitoredTrainingSession's chief restores the newest checkpoint when there is
 one and runs the init op when there is none. Both are wrong when the PS tasks
 kept running while the chief restarted: restoring rolls the model back to the
 last checkpoint, and initializing throws away everything learnt so far
-(tensorflow/tensorflow#13806; NOTES.md, failure mode 4). The PS tasks hold the
+(tensorflow/tensorflow#13806). The PS tasks hold the
 newest state then, so the chief keeps it.
 """
 

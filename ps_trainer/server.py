@@ -44,7 +44,7 @@ def _check_port_free(info: cluster_lib.ClusterInfo) -> None:
   # SO_REUSEADDR, as gRPC sets it: connections in TIME_WAIT don't count.
   probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
-    probe.bind(("", port))  # The server binds every interface (NOTES.md).
+    probe.bind(("", port))  # The server binds every interface.
   except OSError as e:
     raise ServerError(
         f"{info.job_name} {info.task_index} cannot listen on port {port} "

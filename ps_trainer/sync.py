@@ -3,7 +3,7 @@
 A synchronous replica's train op ends by taking a token from its queue, which
 only the chief's sync thread fills, after it has aggregated
 `replicas_to_aggregate` gradients (sync_replicas.py). Two things then hang in
-plain TF1 (NOTES.md, failure mode 1):
+plain TF1:
   * a worker still inside its last step when the chief stops waits for a
     token forever;
   * the chief's sync thread sits in the accumulators' take_grad for a step that

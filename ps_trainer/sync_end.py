@@ -11,8 +11,7 @@ then is the checkpoint written (test_sync_end.py: 124 steps made in the half sec
 final checkpoint without it, none with it).
 
 The workers are released after it: `release_workers` hands out tokens until every other replica
-has said it is done, so none stays blocked on its token queue in its last step (NOTES.md, failure
-mode 1).
+has said it is done, so none stays blocked on its token queue in its last step, as in plain TF1.
 """
 
 import time

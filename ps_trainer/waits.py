@@ -1,8 +1,8 @@
 """Bounded waits that say what they wait for.
 
-A replica that waits silently looks hung; one that waits forever is hung
-(NOTES.md, failure mode 3). Every wait here has a deadline and prints whom it
-is waiting for at intervals.
+A replica that waits silently looks hung; one that waits forever is hung, as
+a TF1 worker's session creation does for a PS that never comes. Every wait
+here has a deadline and prints whom it is waiting for at intervals.
 """
 
 import ipaddress

@@ -346,7 +346,7 @@ class SyncTest(sync_testlib.SyncTestCase):
     self.assertModel(replicas[1], 2, expected_after([0, 1], [0, 1]))
 
     # The chief's sync thread sits in take_grad for step 3; closing must not
-    # wait out a grace period for it (NOTES.md, failure mode 1).
+    # wait out a grace period for it, as plain TF1's does.
     self.assertLess(self._close(sessions), 15)
 
   def test_a_lone_gradient_does_not_make_a_step(self):

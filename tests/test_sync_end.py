@@ -96,7 +96,7 @@ class ReleaseBoundTest(absltest.TestCase):
 
 
 class CleanEndTest(sync_testlib.SyncTestCase):
-  """The end of a sync run: every replica returns, nobody hangs (NOTES.md 1).
+  """The end of a sync run: every replica returns, nobody hangs (as in plain TF1).
 
   Wired as trainer.train wires it: StopAtStepHook and SyncReplicasHook in a
   MonitoredTrainingSession; after the session closes, each replica sets its
