@@ -19,6 +19,7 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import config
 from ps_trainer import data
 from ps_trainer import host_cores
 from ps_trainer import readers
@@ -328,6 +329,18 @@ class NpzTest(parameterized.TestCase):
 
 
 class LoadTest(parameterized.TestCase):
+
+  def test_the_config_knows_which_data_sets_read_which_flag(self):
+    # config.py refuses a data flag the data set ignores; its table must be data.load's.
+    missing = os.path.join(testutil.make_tempdir(self), "absent")
+    for name in data.DATASETS:
+      for flag, readers_of_flag in config._READS.items():  # pylint: disable=protected-access
+        try:
+          data.load(name, **{flag: missing})
+          read = False
+        except data.DataError as e:
+          read = missing in str(e)
+        self.assertEqual(read, name in readers_of_flag, f"--dataset={name} --{flag}")
 
   def test_digits_bundled(self):
     ds = data.load("digits")
