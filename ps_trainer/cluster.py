@@ -92,10 +92,6 @@ class ClusterInfo:
     return f"/job:{self.job_name}/task:{self.task_index}"
 
   @property
-  def chief_device(self) -> str:
-    return "/job:chief/task:0" if self.has_chief_job else "/job:worker/task:0"
-
-  @property
   def address(self) -> str:
     return self.jobs[self.job_name][self.task_index]
 

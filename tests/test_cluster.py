@@ -65,7 +65,7 @@ class FromFlagsTest(absltest.TestCase):
     self.assertFalse(info.has_chief_job)
     self.assertEqual(info.replica_index, 1)
     self.assertEqual(info.task_device, "/job:worker/task:1")
-    self.assertEqual(info.chief_device, "/job:worker/task:0")
+    self.assertEqual(info.replica_name(0), "worker 0")
     self.assertEqual(info.address, "w1:2222")
     self.assertEqual(info.device_filters(), ["/job:ps", "/job:worker/task:1"])
 
@@ -124,7 +124,7 @@ class ParseTfConfigTest(absltest.TestCase):
     info = cluster.parse_tf_config(KF_WORKER_0)
     self.assertTrue(info.is_chief)
     self.assertEqual(info.replica_index, 0)
-    self.assertEqual(info.chief_device, "/job:worker/task:0")
+    self.assertEqual(info.replica_name(0), "worker 0")
 
   def test_kubeflow_ps(self):
     info = cluster.parse_tf_config(KF_PS_0)
@@ -141,7 +141,7 @@ class ParseTfConfigTest(absltest.TestCase):
     self.assertEqual(info.replica_index, 0)
     self.assertEqual(info.num_workers, 2)  # chief + 1 worker
     self.assertEqual(info.task_device, "/job:chief/task:0")
-    self.assertEqual(info.chief_device, "/job:chief/task:0")
+    self.assertEqual(info.replica_name(0), "chief")
     self.assertEqual(info.device_filters(), ["/job:ps", "/job:chief/task:0"])
 
   def test_replica_name_is_the_inverse_of_replica_index(self):
@@ -159,7 +159,7 @@ class ParseTfConfigTest(absltest.TestCase):
     self.assertFalse(info.is_chief)
     self.assertEqual(info.replica_index, 1)
     self.assertEqual(info.task_device, "/job:worker/task:0")
-    self.assertEqual(info.chief_device, "/job:chief/task:0")
+    self.assertEqual(info.replica_name(0), "chief")
 
   def test_master_is_an_alias_of_chief(self):
     info = cluster.parse_tf_config(
