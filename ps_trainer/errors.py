@@ -30,6 +30,16 @@ def say(line: str, stream=None) -> None:
   stream.flush()
 
 
+def fail(message: str, status: int = 2) -> None:
+  """One clear line on stderr and a non-zero exit, never a traceback.
+
+  Status 2: the input was wrong; 1: the run failed (a peer never answered,
+  the loss diverged, TensorFlow stopped it).
+  """
+  say(f"ps_trainer: error: {message}", sys.stderr)
+  sys.exit(status)
+
+
 def warn(message: str) -> None:
   """A warning line on stderr that reads like the trainer's other lines,
   not like absl's log format (level, time, thread id, file:line)."""
