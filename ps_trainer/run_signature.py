@@ -2,9 +2,11 @@
 
 Tasks started with different training flags do not fail in TF1: they hang (a
 sync chief waits for gradients an async worker never sends; a worker waits for
-optimizer slots the chief never creates) or crash deep in a run. The chief
-publishes its signature in a variable on the PS; every other worker compares
-its own before it trains.
+optimizer slots the chief never creates), crash deep in a run, or train
+another job than the one reported (a worker with its own batch size or
+learning rate: result.json counts the chief's batch for every step, and sync
+averages unequal batches as equals). The chief publishes its signature in a
+variable on the PS; every other worker compares its own before it trains.
 """
 
 import json
@@ -20,7 +22,8 @@ class MismatchError(ValueError):
 
 
 def of(cfg, input_shape, num_classes: int) -> dict:
-  """The settings that must match across tasks for the job to work at all."""
+  """The settings that must match across tasks for the job to be the one
+  the chief reports."""
   return {
       "model": cfg.model.model,
       "hidden_units": (None if cfg.model.model in _WITHOUT_HIDDEN_UNITS
@@ -32,6 +35,8 @@ def of(cfg, input_shape, num_classes: int) -> dict:
       "input_shape": list(input_shape),
       "num_classes": num_classes,
       "optimizer": cfg.train.optimizer,
+      "learning_rate": cfg.train.learning_rate,
+      "batch_size": cfg.data.batch_size,
       "sync_replicas": cfg.train.sync_replicas,
       "replicas_to_aggregate": cfg.train.replicas_to_aggregate,
       "train_steps": cfg.train.train_steps,

@@ -22,10 +22,18 @@ class RunSignatureTest(absltest.TestCase):
     self.assertIsNone(run_signature.mismatch(
         own, run_signature.encode(self.signature("--sync_replicas"))))
 
-  def test_settings_that_do_not_break_a_job_may_differ(self):
-    own = self.signature("--batch_size=32", "--learning_rate=0.5", "--seed=3")
+  def test_a_seed_of_its_own_may_differ(self):
+    # It orders the worker's own examples; the model's first values are the chief's.
     self.assertIsNone(run_signature.mismatch(
-        own, run_signature.encode(self.signature())))
+        self.signature("--seed=3"), run_signature.encode(self.signature())))
+
+  def test_its_own_batch_size_or_learning_rate_is_refused(self):
+    # result.json would count the chief's batch for every step, and sync
+    # would average unequal batches as equals.
+    message = run_signature.mismatch(self.signature("--batch_size=32", "--learning_rate=0.5"),
+                                     run_signature.encode(self.signature()))
+    self.assertIn("batch_size: 32 here but 64 on the chief", message)
+    self.assertIn("learning_rate: 0.5 here but 0.001 on the chief", message)
 
   def test_each_difference_is_named_on_one_line(self):
     chief = run_signature.encode(self.signature("--sync_replicas"))
@@ -34,7 +42,8 @@ class RunSignatureTest(absltest.TestCase):
     self.assertNotIn("\n", message)
     self.assertRegex(message, r"^this worker's settings differ from the "
                      r"chief's: hidden_units: 32 here but 128,64 on the "
-                     r"chief; optimizer: sgd here but adam on the chief; "
+                     r"chief; learning_rate: 0.1 here but 0.001 on the chief; "
+                     r"optimizer: sgd here but adam on the chief; "
                      r"replicas_to_aggregate: not used here but 2 on the chief; "
                      r"sync_replicas: False here but True on the chief; start "
                      r"every task with the same training flags$")
