@@ -284,7 +284,25 @@ def read_npz(path, label, context):
     raise DataError(
         f"{label}: x_train examples have shape {train_shape} but x_test "
         f"examples have shape {test_shape}; both splits need the same shape")
+  _note_unused_class_ids(arrays["y_train"], arrays["y_test"], label)
   return arrays
+
+
+def _note_unused_class_ids(y_train, y_test, label):
+  """Warns when the labels skip class ids: the model gets one output per id
+  up to the largest, so labels 1-3 add an unused class 0, and 0/1000/2000
+  make 2001 outputs where 3 were meant."""
+  used = np.union1d(np.unique(y_train), np.unique(y_test)).astype(np.int64)
+  num_ids = int(used[-1]) + 1
+  if len(used) == num_ids:
+    return
+  unused = np.setdiff1d(np.arange(num_ids), used)
+  shown = ", ".join(str(i) for i in unused[:3])
+  more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+  errors.warn(f"{label}: the labels use {len(used)} of the class ids "
+              f"0-{num_ids - 1} (not {shown}{more}), so the model gets "
+              f"{num_ids} outputs; number the classes 0-{len(used) - 1} if "
+              f"there are {len(used)}")
 
 
 def _magic_of(path):

@@ -5,8 +5,10 @@ absltest's create_tempdir needs parsed absl flags, which pytest lacks);
 pipelines run in graph mode.
 """
 
+import contextlib
 import glob
 import gzip
+import io
 import os
 import re
 import shutil
@@ -244,6 +246,22 @@ class NpzTest(parameterized.TestCase):
         data.DataError, rf"^--data_path={re.escape(path)}: no such file; "
         r"--dataset=npz needs a keras-layout \.npz with keys x_train"):
       data.load("npz", data_path=path)
+
+  def test_labels_that_skip_class_ids_are_named_in_a_warning(self):
+    x = np.zeros((4, 2), np.float32)
+    path = self._npz(**_layout(x, x, np.array([0, 1000, 2000, 0]), np.array([0, 0, 0, 0])))
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+      ds = data.load("npz", data_path=path)
+    self.assertEqual(ds.num_classes, 2001)
+    self.assertEqual(stderr.getvalue(), (
+        f"ps_trainer: warning: --data_path={path}: the labels use 3 of the class ids 0-2000 "
+        "(not 1, 2, 3 and 1995 more), so the model gets 2001 outputs; number the classes 0-2 "
+        "if there are 3\n"))
+    with contextlib.redirect_stderr(io.StringIO()) as quiet:
+      data.load("npz", data_path=self._npz(**_layout(x, x, np.array([0, 1, 2, 1]),
+                                                       np.array([2, 2, 1, 0]))))
+    self.assertEqual(quiet.getvalue(), "")
 
   def test_unreadable_file(self):
     # Tests run as root, whom no file mode keeps out: the refusal is faked.
