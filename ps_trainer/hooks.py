@@ -195,7 +195,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
   runs only.
 
   Args:
-    evaluate: (session) -> {"loss": float, "accuracy": float}.
+    evaluate: (session) -> {"loss": float, "accuracy": float, "examples": int}.
     global_step: the global step tensor.
     throughput: the run's Throughput.
     examples_per_global_step: to turn steps/s into examples/s.
@@ -236,6 +236,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         global_step=global_step,
         loss=metrics["loss"],
         accuracy=metrics["accuracy"],
+        test_examples=metrics.get("examples"),
         train_loss=train_loss if math.isfinite(train_loss) else None,
         examples_per_sec=(None if steps_per_sec is None
                           else steps_per_sec * self._examples),

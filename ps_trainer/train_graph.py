@@ -38,7 +38,7 @@ class TrainGraph:
   loss: tf.Tensor
   train_op: tf.Operation
   train_input: data.Input
-  evaluate: Callable  # (session) -> {"loss", "accuracy"} on the test split.
+  evaluate: Callable  # (session) -> {"loss", "accuracy", "examples"} on the test split.
   saver: tf.compat.v1.train.Saver
   chief_start: resume.ChiefStart
   # Every global variable but the signature, and which of them lack a value.
@@ -203,7 +203,8 @@ def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet,
       None: whole, for a graph that only restores and scores).
 
   Returns:
-    (session) -> {"loss", "accuracy"}: exact figures over the whole split.
+    (session) -> {"loss", "accuracy", "examples"}: exact figures over the
+    whole split, and its size.
   """
   test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
   sums = models.eval_sums(
@@ -226,5 +227,5 @@ def _test_scorer(test_input: data.Input, sums):
       correct += float(batch_correct)
       count += int(batch_count)
     return {"loss": loss_sum / max(count, 1),
-            "accuracy": correct / max(count, 1)}
+            "accuracy": correct / max(count, 1), "examples": count}
   return evaluate

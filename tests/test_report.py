@@ -23,12 +23,12 @@ def _records(losses, staleness=None, start=1000.0, step_secs=0.01):
   return out
 
 
-def _run(steps_per_sec, records, accuracy=0.9):
+def _run(steps_per_sec, records, accuracy=0.9, test_examples=400):
   return {"result": {"steps_per_sec": steps_per_sec,
                      "examples_per_sec": steps_per_sec * 64,
                      "wall_secs": 3.0, "loss": 0.1, "accuracy": accuracy,
-                     "global_step": len(records)},
-          "wall_secs": 10.0, "records": records}
+                     "test_examples": test_examples, "global_step": len(records)},
+          "process_secs": 10.0, "records": records}
 
 
 class FiguresTest(absltest.TestCase):
@@ -60,6 +60,25 @@ class FiguresTest(absltest.TestCase):
     self.assertIsNone(fig["modes"][0]["to_target"])
     self.assertIn("| sync | 50.0 |", report.markdown(fig, "cmd"))
 
+  def test_an_accuracy_gap_within_chance_is_read_as_none(self):
+    # A user's seeds 0 and 1 turned 0.9600 / 0.9675 round: 3 examples of 400.
+    records = _records([1.0, 0.5])
+    fig = report.figures({"async": _run(100, records, accuracy=0.96),
+                          "sync": _run(50, records, accuracy=0.9675)}, None)
+    self.assertEqual(report.accuracy_gap(fig["modes"]), (
+        "Test accuracy: async and sync differ by 0.0075 on 400 test examples; the standard "
+        "error of that gap is 0.0132. Within twice that, the gap can be chance: runs with "
+        "other --seed values can turn it round. Read it as no difference unless it holds "
+        "across seeds."))
+    self.assertIn("Read it as no difference", report.markdown(fig, "cmd"))
+    wide = report.figures({"async": _run(100, records, accuracy=0.90, test_examples=10000),
+                           "sync": _run(50, records, accuracy=0.95, test_examples=10000)}, None)
+    self.assertIn("More than twice that", report.accuracy_gap(wide["modes"]))
+    # A result.json of an older version has no test_examples: no claim either way.
+    old = report.figures({"async": _run(100, records, test_examples=None),
+                          "sync": _run(50, records)}, None)
+    self.assertIsNone(report.accuracy_gap(old["modes"]))
+
   def test_writes_the_three_files(self):
     out_dir = testutil.make_tempdir(self)
     fig = report.figures(
@@ -69,7 +88,8 @@ class FiguresTest(absltest.TestCase):
     md, js, png = paths
     with open(md) as f:
       text = f.read()
-    self.assertIn("| mode | steps/s | examples/s | wall time (s) |", text)
+    self.assertIn("| mode | steps/s | examples/s | train time (s) | wall time (s) |", text)
+    self.assertIn("| async | 100.0 | 6400 | 3.0 | 10.0 |", text)
     self.assertIn("## Gradient staleness (async)", text)
     self.assertIn("| 2 | 1 | 33.3% |", text)
     with open(js) as f:

@@ -52,8 +52,8 @@ def run_modes(flags_list: List[str], out_dir: str, num_ps: int,
         mode, num_ps, num_workers, flags_list + ["--record_steps"] + extra,
         os.path.join(out_dir, mode))
     say(f"compare: {mode}: {run.result['steps_per_sec']:.1f} steps/s, test "
-        f"accuracy {run.result['accuracy']:.4f}, {run.wall_secs:.1f} s")
-    modes[mode] = {"result": run.result, "wall_secs": run.wall_secs,
+        f"accuracy {run.result['accuracy']:.4f}, {run.process_secs:.1f} s")
+    modes[mode] = {"result": run.result, "process_secs": run.process_secs,
                    "records": report.read_records(run.log_dir)}
   return modes
 

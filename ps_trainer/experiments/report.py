@@ -79,7 +79,8 @@ def staleness(records: List[dict]) -> Optional[dict]:
 
 
 def figures(runs: Dict[str, dict], target_loss: Optional[float]) -> dict:
-  """runs: mode -> {"result": result.json, "records": [...], "wall_secs": s}.
+  """runs: mode -> {"result": result.json, "records": [...], "process_secs":
+  the run's processes from start to end}.
 
   The target loss, unless given, is the highest final smoothed training loss
   of the modes: every mode reaches it, so their times to it compare.
@@ -95,18 +96,45 @@ def figures(runs: Dict[str, dict], target_loss: Optional[float]) -> dict:
         "mode": mode,
         "steps_per_sec": result["steps_per_sec"],
         "examples_per_sec": result["examples_per_sec"],
-        "wall_secs": run["wall_secs"],
+        "process_secs": run["process_secs"],
         "train_secs": result["wall_secs"],
         "final_train_loss": (curves[mode]["loss"][-1] if curves[mode]["loss"]
                              else None),
         "test_loss": result["loss"],
         "test_accuracy": result["accuracy"],
+        "test_examples": result.get("test_examples"),
         "global_step": result["global_step"],
         "to_target": (reaching(curves[mode], target_loss)
                       if target_loss is not None else None),
         "staleness": staleness(run["records"])})
   return {"target_loss": target_loss, "smoothing": SMOOTHING, "modes": modes,
           "curves": curves}
+
+
+def accuracy_gap(modes: List[dict]) -> Optional[str]:
+  """Whether two modes' test accuracies differ by more than chance would.
+
+  Each accuracy is a share of the test examples, so its standard error is
+  sqrt(p (1 - p) / n); the gap's is that of both combined. A gap within
+  twice it is what a run with another --seed can turn round.
+  """
+  if len(modes) != 2 or not all(m.get("test_examples") for m in modes):
+    return None
+  (a, b) = modes
+  error = math.sqrt(sum(m["test_accuracy"] * (1 - m["test_accuracy"])
+                        / m["test_examples"] for m in modes))
+  gap = abs(a["test_accuracy"] - b["test_accuracy"])
+  examples = ", ".join(sorted({str(m["test_examples"]) for m in modes}))
+  head = (f"Test accuracy: {a['mode']} and {b['mode']} differ by {gap:.4f} on "
+          f"{examples} test examples; the standard error of that gap is "
+          f"{error:.4f}.")
+  if gap <= 2 * error:
+    return (f"{head} Within twice that, the gap can be chance: runs with "
+            "other --seed values can turn it round. Read it as no difference "
+            "unless it holds across seeds.")
+  return (f"{head} More than twice that: unlikely to be chance alone on this "
+          "test split, though one run per mode shows nothing of the spread "
+          "between runs (other --seed values).")
 
 
 def _number(value, fmt: str) -> str:
@@ -119,27 +147,34 @@ def markdown(fig: dict, command: str) -> str:
   lines = [
       "# Async vs sync", "",
       f"Command: `{command}`", "",
-      "| mode | steps/s | examples/s | wall time (s) | final train loss | "
+      "| mode | steps/s | examples/s | train time (s) | wall time (s) | "
+      "final train loss | "
       f"test loss | test accuracy | time to loss {_number(target, '.4f')} (s) | "
       "steps to it |",
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for m in fig["modes"]:
     reached = m["to_target"] or {}
     lines.append(
         f"| {m['mode']} | {m['steps_per_sec']:.1f} | "
-        f"{m['examples_per_sec']:.0f} | {m['wall_secs']:.1f} | "
+        f"{m['examples_per_sec']:.0f} | {m['train_secs']:.1f} | "
+        f"{m['process_secs']:.1f} | "
         f"{_number(m['final_train_loss'], '.4f')} | {m['test_loss']:.4f} | "
         f"{m['test_accuracy']:.4f} | {_number(reached.get('seconds'), '.1f')} | "
         f"{_number(reached.get('step'), 'd')} |")
   lines += [
       "",
       f"Steps/s count global steps after the first 10%; a sync step averages "
-      f"every aggregated worker's batch, so its examples/s counts them all. "
-      f"Wall time: start of the processes to their end (TensorFlow's start-up "
-      f"included); the time to the target loss counts from the first step, as "
-      f"comparison.png's time axis does. Train losses are "
-      f"means of {fig['smoothing']} consecutive steps; the target loss is the "
-      "highest final one of the modes, unless --target_loss set it.", ""]
+      f"every aggregated worker's batch, so its examples/s counts them all "
+      f"(and a step of it, in comparison.png, is that many examples). Train "
+      f"time: the chief's session start to the end of training (result.json's "
+      f"wall_secs); wall time: start of the processes to their end "
+      f"(TensorFlow's start-up included); the time to the target loss counts "
+      f"from the first step, as comparison.png's time axis does. Train losses "
+      f"are means of {fig['smoothing']} consecutive steps; the target loss is "
+      "the highest final one of the modes, unless --target_loss set it.", ""]
+  gap = accuracy_gap(fig["modes"])
+  if gap:
+    lines += [gap, ""]
   for m in fig["modes"]:
     dist = m["staleness"]
     if not dist:

@@ -45,7 +45,7 @@ class Run:
   label: str
   log_dir: str
   result: dict
-  wall_secs: float  # Start of the processes to their end, start-up included.
+  process_secs: float  # Start of the processes to their end, start-up included.
 
   def read(self, relative_path: str) -> Optional[dict]:
     """A JSON file the run wrote under its log dir, or None."""
