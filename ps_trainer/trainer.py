@@ -137,6 +137,10 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
       print(f"{cfg.task_name}: stopped on {stop.signal_name}"
             f"{_where_stopped(hooks.progress.last_global_step, cfg)}",
             flush=True)
+  elif result is None and not cfg.is_chief:
+    # Its own log, on its own host, tells a finished worker from a killed one.
+    print(f"{cfg.task_name}: done: the run reached --train_steps="
+          f"{cfg.train.train_steps}", flush=True)
   return result
 
 

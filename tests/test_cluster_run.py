@@ -95,7 +95,8 @@ class ClusterRunTest(absltest.TestCase):
     result = testutil.read_result_json(log_dir)
     self.assertEqual(result["global_step"], 150)
     self.assertEqual((result["num_workers"], result["num_ps"]), (2, 1))
-    self.assertIn("worker 1:", procs["worker-1"].read_log())
+    self.assertIn("\nworker 1: done: the run reached --train_steps=150\n",
+                  procs["worker-1"].read_log())
     testutil.assert_no_leftover(marker=log_dir)
 
   def test_worker_with_other_flags_than_the_chief_says_so_and_exits(self):
