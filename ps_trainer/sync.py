@@ -291,11 +291,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
   def _release_workers(self, session):
     if self._workers_done is None:
       return
-    bound = self._drain_timeout_secs
-    if self._stop is not None and self._stop.requested:
-      bound = self._stopping_drain_secs
+    stopping = self._stop is not None and self._stop.requested
+    bound = self._stopping_drain_secs if stopping else self._drain_timeout_secs
     sync_end.release_workers(session, self._release_op, self._num_workers - 1,
-                             self._workers_done, self._others_gone, bound)
+                             self._workers_done, self._others_gone, bound,
+                             stopping=stopping)
 
   def _stop_sync_thread(self, finish_within_secs: float = 0.0):
     """Ends the sync thread, after letting a sync op in progress finish

@@ -49,7 +49,8 @@ class FinalCheckpointGuard(tf.compat.v1.train.SessionRunHook):
 
 
 def release_workers(session, release_op, others: int, workers_done: Callable,
-                    others_gone: Optional[Callable[[], bool]], bound_secs: float):
+                    others_gone: Optional[Callable[[], bool]], bound_secs: float,
+                    stopping: bool = False):
   """Runs `release_op` until `others` replicas say they are done, for up to `bound_secs`.
 
   Args:
@@ -57,8 +58,12 @@ def release_workers(session, release_op, others: int, workers_done: Callable,
     others_gone: () -> True when none of the other replicas answers: a replica that finished says
       done before it exits, so one that answers no more without saying so has crashed and never
       will. None when their addresses are unknown.
+    stopping: the chief stops before the run's end. The others may be stopping too (then they
+      say done), or train on and wait for the chief to be started again: not being told is
+      then what is meant to happen, not a warning.
   """
   them = "it" if others == 1 else "them"
+  leaving = f"stopping without {them}" if stopping else f"ending the run without {them}"
   start = time.monotonic()
 
   def what():
@@ -73,14 +78,18 @@ def release_workers(session, release_op, others: int, workers_done: Callable,
       return True
     if others_gone is not None and time.monotonic() - start > 2 and others_gone():
       silent = "it does not answer" if others == 1 else "none of them answers"
-      errors.say(f"chief: {what()}, but {silent}; ending the run without {them}")
+      errors.say(f"chief: {what()}, but {silent}; {leaving}")
       return True
     return False
 
   try:
     waits.wait_until(released, what, bound_secs, poll_secs=0.2)
   except waits.WaitTimeout as e:
-    errors.warn(f"{e}; ending the run without {them}")
+    if not stopping:
+      errors.warn(f"{e}; {leaving}")
+    else:
+      errors.say(f"chief: {e}; {leaving}: one that trains on waits for this chief to be started "
+                 "again")
 
 
 def give_tokens(session, release_op) -> bool:

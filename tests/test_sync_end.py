@@ -58,12 +58,12 @@ class _ReleasesNothing:
 class OthersGoneAtTheEndTest(absltest.TestCase):
   """The chief's end when the other workers crashed without saying done."""
 
-  def said(self, num_workers: int) -> str:
+  def said(self, num_workers: int, gone: bool = True, stopping: bool = False) -> str:
     output = io.StringIO()
-    with contextlib.redirect_stdout(output):
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
       sync_end.release_workers(_ReleasesNothing(), "release", others=num_workers - 1,
-                               workers_done=lambda _: 0, others_gone=lambda: True,
-                               bound_secs=120)
+                               workers_done=lambda _: 0, others_gone=lambda: gone,
+                               bound_secs=120 if gone else 0.5, stopping=stopping)
     return output.getvalue()
 
   def test_the_chief_names_them_and_ends_the_run(self):
@@ -71,6 +71,16 @@ class OthersGoneAtTheEndTest(absltest.TestCase):
                      "but it does not answer; ending the run without it\n")
     self.assertEqual(self.said(3), "chief: 2 of 2 other workers to finish their last synchronous "
                      "step, but none of them answers; ending the run without them\n")
+
+  def test_a_stopping_chief_says_it_stops_without_them_not_that_the_run_ends(self):
+    # Only the chief was stopped: the other worker trains on, and says nothing.
+    self.assertEqual(self.said(2, gone=False, stopping=True), (
+        "chief: gave up after 0 s waiting for the other worker to finish its last synchronous "
+        "step; stopping without it: one that trains on waits for this chief to be started "
+        "again\n"))
+    self.assertIn("ps_trainer: warning: gave up after 0 s waiting for the other worker to "
+                  "finish its last synchronous step; ending the run without it",
+                  self.said(2, gone=False))
 
 
 class ReleaseBoundTest(absltest.TestCase):
@@ -84,15 +94,15 @@ class ReleaseBoundTest(absltest.TestCase):
     with mock.patch.object(sync_end, "release_workers") as release:
       hook.end(_ReleasesNothing())
     release.assert_called_once()
-    (session, op, others, _, _, bound), _ = release.call_args
+    (session, op, others, _, _, bound), kwargs = release.call_args
     self.assertEqual((op, others), ("release", 2))
     self.assertIsInstance(session, _ReleasesNothing)
-    return bound
+    return bound, kwargs["stopping"]
 
   def test_a_run_that_ends_waits_the_drain_bound_and_a_stopped_one_less(self):
-    self.assertEqual(self.bound_used(None), 120)
-    self.assertEqual(self.bound_used(FakeStop(requested=False)), 120)
-    self.assertEqual(self.bound_used(FakeStop(requested=True)), 8)
+    self.assertEqual(self.bound_used(None), (120, False))
+    self.assertEqual(self.bound_used(FakeStop(requested=False)), (120, False))
+    self.assertEqual(self.bound_used(FakeStop(requested=True)), (8, True))
 
 
 class CleanEndTest(sync_testlib.SyncTestCase):
