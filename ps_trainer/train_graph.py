@@ -74,8 +74,7 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       partitioner = placement.table_partitioner(cfg.num_ps)
       evaluate = build_evaluation(cfg, dataset, partitioner)
       trainable = tf.compat.v1.trainable_variables()
-      wire_dtype = packing.WIRE_DTYPES[cfg.train.wire_dtype]
-      reads = (packing.PackedReads(trainable, wire_dtype, global_step)
+      reads = (packing.PackedReads(trainable, _wire_dtype(cfg), global_step)
                if info else None)
       global_step_read = _cache_global_step_read(
           graph, global_step, reads.global_step if reads else None)
@@ -89,39 +88,11 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       # changes: the model and the checkpoints stay good.
       loss = tf.debugging.check_numerics(loss, "loss is NaN or Inf",
                                          name=LOSS_CHECK_NAME)
-      optimizer = optimizers.make_optimizer(cfg.train.optimizer,
-                                            cfg.train.learning_rate)
-      sync_optimizer = None
-      if cfg.train.sync_replicas:
-        optimizer = sync_optimizer = sync_replicas.SyncOptimizer(
-            optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers,
-            cfg.replica_index)
-      if reads is None:
-        grads_and_vars = optimizer.compute_gradients(loss)
-      else:
-        grads_and_vars = packing.pack_gradients(
-            packing.gradients(loss, trainable, reads), wire_dtype,
-            factored=cfg.train.factored_gradients)
-      applied_step = None
-      if sync_optimizer is not None:
-        # Sync keeps its own placement (its queues and local step).
-        train_op = optimizer.apply_gradients(grads_and_vars,
-                                             global_step=global_step)
-      else:
-        # The optimizer's constants (the learning rate) go where the updates
-        # run, not to the worker, which would send them to the PS each step.
-        with tf.device(global_step.device if reads else None):
-          train_op, applied_step = _apply_and_count(
-              optimizer, grads_and_vars, global_step)
+      train_op, applied_step, sync_optimizer = _update(
+          cfg, loss, trainable, reads, global_step)
       own_signature = run_signature.of(cfg, dataset.input_shape,
                                        dataset.num_classes)
-      # Not checkpointed: the chief sets it afresh each start (PublishHook).
-      signature = tf.compat.v1.get_variable(
-          "ps_trainer/run_signature", trainable=False,
-          initializer=tf.constant(run_signature.encode(own_signature)))
-      signature_published = tf.compat.v1.is_variable_initialized(signature)
-      # Only non-chief workers run it; spare the others TF's "never used" dump.
-      getattr(signature_published, "mark_used", lambda: None)()
+      signature, signature_published = _signature_variable(own_signature)
     tf.compat.v1.summary.scalar("loss", loss)
     tf.compat.v1.summary.scalar("train_accuracy", accuracy)
     model_variables = [v for v in tf.compat.v1.global_variables()
@@ -147,6 +118,53 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       done_signals=done_signals,
       signature=signature, signature_published=signature_published,
       own_signature=own_signature)
+
+
+def _wire_dtype(cfg: config_lib.Config):
+  return packing.WIRE_DTYPES[cfg.train.wire_dtype]
+
+
+def _update(cfg: config_lib.Config, loss, trainable, reads, global_step):
+  """The step's update: (train op, the global step it applied or None, the
+  sync optimizer or None). `reads` is None in local mode."""
+  optimizer = optimizers.make_optimizer(cfg.train.optimizer,
+                                        cfg.train.learning_rate)
+  sync_optimizer = None
+  if cfg.train.sync_replicas:
+    optimizer = sync_optimizer = sync_replicas.SyncOptimizer(
+        optimizer, cfg.train.replicas_to_aggregate, cfg.num_workers,
+        cfg.replica_index)
+  if reads is None:
+    grads_and_vars = optimizer.compute_gradients(loss)
+  else:
+    grads_and_vars = packing.pack_gradients(
+        packing.gradients(loss, trainable, reads), _wire_dtype(cfg),
+        factored=cfg.train.factored_gradients)
+  if sync_optimizer is not None:
+    # Sync keeps its own placement (its queues and local step).
+    train_op = optimizer.apply_gradients(grads_and_vars,
+                                         global_step=global_step)
+    return train_op, None, sync_optimizer
+  # The optimizer's constants (the learning rate) go where the updates run,
+  # not to the worker, which would send them to the PS each step.
+  with tf.device(global_step.device if reads else None):
+    train_op, applied_step = _apply_and_count(
+        optimizer, grads_and_vars, global_step)
+  return train_op, applied_step, None
+
+
+def _signature_variable(own_signature: dict):
+  """The run signature's variable on the PS and whether it is set yet.
+
+  Not checkpointed: the chief sets it afresh each start (PublishHook).
+  """
+  signature = tf.compat.v1.get_variable(
+      "ps_trainer/run_signature", trainable=False,
+      initializer=tf.constant(run_signature.encode(own_signature)))
+  published = tf.compat.v1.is_variable_initialized(signature)
+  # Only non-chief workers run it; spare the others TF's "never used" dump.
+  getattr(published, "mark_used", lambda: None)()
+  return signature, published
 
 
 def _apply_and_count(optimizer, grads_and_vars, global_step):
