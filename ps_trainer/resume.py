@@ -97,6 +97,18 @@ class ChiefStart:
       return
     session.run(self._initialize)
 
+  def restore(self, session, save_path: str, restore) -> None:
+    """Restores `save_path` with `restore` (the Saver's own) unless the PS
+    tasks still hold the model; moves the global step past live tokens."""
+    if self._keep(session):
+      return
+    tokens_live = self._tokens_outlived_the_model(session)
+    restore(session, save_path)
+    # Silent in TF; after a PS restart it is what the job went back to.
+    errors.say(f"{self.who}: restored {save_path}")
+    if tokens_live:
+      self._step_past_live_tokens(session)
+
   def _keep(self, session) -> bool:
     self.resumed_mid_run = self.model_is_live(session)
     if not self.resumed_mid_run:
@@ -139,12 +151,4 @@ class _KeepingSaver(tf.compat.v1.train.Saver):
     self._start = start
 
   def restore(self, sess, save_path):
-    start = self._start
-    if start._keep(sess):  # pylint: disable=protected-access
-      return
-    tokens_live = start._tokens_outlived_the_model(sess)  # pylint: disable=protected-access
-    super().restore(sess, save_path)
-    # Silent in TF; after a PS restart it is what the job went back to.
-    errors.say(f"{start.who}: restored {save_path}")
-    if tokens_live:
-      start._step_past_live_tokens(sess)  # pylint: disable=protected-access
+    self._start.restore(sess, save_path, super().restore)

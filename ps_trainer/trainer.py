@@ -63,7 +63,10 @@ def train(cfg: config_lib.Config, dataset: data.DataSet, target: str = "",
 
 def build(cfg: config_lib.Config,
           dataset: data.DataSet) -> train_graph.TrainGraph:
-  """This task's training graph; on the chief, checks --log_dir fits it.
+  """This task's training graph. On the chief it also readies --log_dir:
+  a checkpoint file that names another directory's checkpoints (the directory
+  was moved or copied) is rewritten to name its own, which must fit this
+  model.
 
   Raises:
     checkpoints.ForeignCheckpointError: the chief's --log_dir holds
