@@ -50,7 +50,10 @@ RESTARTS_ENV = "PS_TRAINER_RESTARTS"
 
 
 class StopRequest:
-  """Whether this task was asked to stop, and the means to end it for sure.
+  """Whether this task was asked to stop, and the means to end it for sure:
+  a forced exit once its last resorts had their chance, or a start of itself
+  again (`restart`, at most MAX_RESTARTS in a row). Both hold one lock, so
+  two threads never end the task two ways at once.
 
   Args:
     who: names the task in messages, e.g. "worker 1".
