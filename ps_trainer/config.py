@@ -1,8 +1,9 @@
 """The run's configuration: built once from flag values and TF_CONFIG, then frozen.
 
 Every later stage receives these objects explicitly; nothing below main.py
-reads flags, and the environment only where a setting must outlive the
-process image: stops.py counts a task's restarts of itself (execv) there.
+reads flags. The environment holds only what is not a setting of the run:
+stops.py's count of a task's restarts of itself (it must outlive execv) and
+PS_TRAINER_TRACEBACK, a debugging switch task.py reads when it fails.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """A worker started again after its run had finished: what it still owes.
 
 A PS task exits once every worker has said it is done, and a finished chief
-says so before it exports (main.py). So a chief killed during its export (or
+says so before it exports (task.py). So a chief killed during its export (or
 at any moment after the PS tasks left) and started again with the same
 command would wait --wait_timeout_secs for PS tasks that never come back,
 fail, and never write the export. Yet all it still owes lies in its

@@ -220,7 +220,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     global_step = int(session.run(self._global_step))
     if global_step < self._throughput.train_steps:
       return  # Stopped early: no result to report.
-    earlier = (run_result.read(self._log_dir)
+    earlier = (run_result.reached(self._log_dir, self._throughput.train_steps)
                if self._throughput.steps_observed == 0 else None)
     if earlier is not None:
       # A finished job started again: its result stands; a run of zero

@@ -296,9 +296,18 @@ def _note_unused_class_ids(y_train, y_test, label):
   num_ids = int(used[-1]) + 1
   if len(used) == num_ids:
     return
-  unused = np.setdiff1d(np.arange(num_ids), used)
-  shown = ", ".join(str(i) for i in unused[:3])
-  more = f" and {len(unused) - 3} more" if len(unused) > 3 else ""
+  # The first few unused ids, without a range of every id (labels can be
+  # hashed ids in the billions).
+  present = set(used.tolist())
+  first = []
+  candidate = 0
+  while len(first) < 3 and candidate < num_ids:
+    if candidate not in present:
+      first.append(candidate)
+    candidate += 1
+  unused = num_ids - len(used)
+  shown = ", ".join(str(i) for i in first)
+  more = f" and {unused - len(first)} more" if unused > len(first) else ""
   errors.warn(f"{label}: the labels use {len(used)} of the class ids "
               f"0-{num_ids - 1} (not {shown}{more}), so the model gets "
               f"{num_ids} outputs; number the classes 0-{len(used) - 1} if "

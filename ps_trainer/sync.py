@@ -293,9 +293,11 @@ class SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       return
     stopping = self._stop is not None and self._stop.requested
     bound = self._stopping_drain_secs if stopping else self._drain_timeout_secs
-    sync_end.release_workers(session, self._release_op, self._num_workers - 1,
-                             self._workers_done, self._others_gone, bound,
-                             stopping=stopping)
+    # A stop that came in the run's last step ends the run all the same.
+    sync_end.release_workers(
+        session, self._release_op, self._num_workers - 1, self._workers_done,
+        self._others_gone, bound,
+        stopping=stopping and not self._last_step_applied.is_set())
 
   def _stop_sync_thread(self, finish_within_secs: float = 0.0):
     """Ends the sync thread, after letting a sync op in progress finish

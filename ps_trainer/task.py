@@ -60,6 +60,8 @@ def run(cfg: config_lib.Config, stop: stops.StopRequest) -> int:
   except OSError as e:  # Python's own file work: result.json, step records.
     _file_error(e)
   except tf.errors.ResourceExhaustedError as e:
+    if os.environ.get("PS_TRAINER_TRACEBACK"):
+      raise
     if _disk_full(e.message):  # TF reports ENOSPC as resource exhaustion too.
       _fail_disk_full(errors.first_line(e.message))
     errors.fail(f"out of memory ({errors.first_line(e.message)}); the model "
@@ -111,8 +113,8 @@ def _file_error(e: OSError) -> None:
     _fail_disk_full(f"{e.strerror}: {e.filename}")
   if os.environ.get("PS_TRAINER_TRACEBACK"):
     raise e
-  where = f"{e.filename}: " if e.filename else ""
-  errors.fail(f"the run stopped on a file error: {where}{e.strerror or e} "
+  what = f"a file error: {e.filename}:" if e.filename else "an OS error:"
+  errors.fail(f"the run stopped on {what} {e.strerror or e} "
               "(PS_TRAINER_TRACEBACK=1 shows the traceback)", status=1)
 
 

@@ -431,5 +431,6 @@ class BadInputTest(parameterized.TestCase):
         f"{_PREFIX}the run stopped on a file error: {log_dir}/result.json: Input/output "
         "error (PS_TRAINER_TRACEBACK=1 shows the traceback)"))
 
+
 if __name__ == "__main__":
   absltest.main()

@@ -258,6 +258,11 @@ class NpzTest(parameterized.TestCase):
         f"ps_trainer: warning: --data_path={path}: the labels use 3 of the class ids 0-2000 "
         "(not 1, 2, 3 and 1995 more), so the model gets 2001 outputs; number the classes 0-2 "
         "if there are 3\n"))
+    # Hashed ids in the billions are named without a range of every id.
+    with contextlib.redirect_stderr(io.StringIO()) as huge:
+      data.load("npz", data_path=self._npz(**_layout(x, x, np.array([0, 10**12, 0, 0]),
+                                                       np.array([0, 0, 0, 0]))))
+    self.assertIn("(not 1, 2, 3 and 999999999996 more)", huge.getvalue())
     with contextlib.redirect_stderr(io.StringIO()) as quiet:
       data.load("npz", data_path=self._npz(**_layout(x, x, np.array([0, 1, 2, 1]),
                                                        np.array([2, 2, 1, 0]))))

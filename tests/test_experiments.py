@@ -212,6 +212,7 @@ class CompareTest(absltest.TestCase):
     for mode in modes.values():
       self.assertGreaterEqual(mode["global_step"], 300)
       self.assertGreater(mode["test_accuracy"], 0.8)
+      self.assertEqual(mode["test_examples"], 360)
       self.assertIsNotNone(mode["to_target"])  # Both reach the default target.
     # Both workers record every step of theirs: together at least 300.
     stale = modes["async"]["staleness"]
@@ -223,6 +224,7 @@ class CompareTest(absltest.TestCase):
     self.assertIn("| async |", text)
     self.assertIn("| sync |", text)
     self.assertIn("## Gradient staleness (async)", text)
+    self.assertIn("Test accuracy: async and sync differ by", text)
     self.assertIn(text.strip().splitlines()[0], out)
     with open(os.path.join(out_dir, "comparison.png"), "rb") as f:
       self.assertEqual(f.read(4), b"\x89PNG")

@@ -130,6 +130,16 @@ class ResultHookTest(absltest.TestCase):
       self.assertEqual(json.load(f), {"global_step": 20, "steps_per_sec": 2.0})
     self.assertEqual(hook.result["steps_per_sec"], 2.0)
 
+  def test_an_earlier_shorter_runs_result_is_not_kept(self):
+    # A chief that timed no steps at the end of a longer run than that file's.
+    path = os.path.join(testutil.make_tempdir(self), "result.json")
+    with open(path, "w") as f:
+      json.dump({"global_step": 10, "steps_per_sec": 2.0}, f)
+    self.hook(path, hooks.Throughput(train_steps=20, clock=FakeClock())).end(_Session(20))
+    with open(path) as f:
+      result = json.load(f)
+    self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
+
   def test_a_result_json_cut_short_is_written_again(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
     with open(path, "w") as f:
@@ -140,7 +150,6 @@ class ResultHookTest(absltest.TestCase):
       result = json.load(f)
     self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
     self.assertIsNone(result["steps_per_sec"])  # No step was timed.
-
 
   def test_a_chief_that_timed_no_steps_reports_no_speed(self):
     # It started itself again (a hung step) while the other workers ended the run: the test

@@ -86,11 +86,13 @@ class OthersGoneAtTheEndTest(absltest.TestCase):
 class ReleaseBoundTest(absltest.TestCase):
   """How long the chief's end hands out tokens: the drain bound, or a stop's shorter one."""
 
-  def bound_used(self, stop) -> float:
+  def bound_used(self, stop, last_step_applied=False) -> float:
     hook = sync.SyncReplicasHook(None, is_chief=True, num_workers=3, session_factory=None,
                                  workers_done=lambda _: 0, stop=stop,
                                  drain_timeout_secs=120, stopping_drain_secs=8)
     hook._release_op = "release"  # pylint: disable=protected-access
+    if last_step_applied:
+      hook._last_step_applied.set()  # pylint: disable=protected-access
     with mock.patch.object(sync_end, "release_workers") as release:
       hook.end(_ReleasesNothing())
     release.assert_called_once()
@@ -103,6 +105,9 @@ class ReleaseBoundTest(absltest.TestCase):
     self.assertEqual(self.bound_used(None), (120, False))
     self.assertEqual(self.bound_used(FakeStop(requested=False)), (120, False))
     self.assertEqual(self.bound_used(FakeStop(requested=True)), (8, True))
+    # A stop in the run's last step: the run ends all the same, and says so.
+    self.assertEqual(self.bound_used(FakeStop(requested=True), last_step_applied=True),
+                     (8, False))
 
 
 class CleanEndTest(sync_testlib.SyncTestCase):

@@ -211,6 +211,7 @@ class LocalTrainingTest(absltest.TestCase):
   def test_cnn_on_digits_learns(self):
     result = self.train("--train_steps=150", "--model=cnn")
     self.assertGreater(result["accuracy"], 0.5)
+    self.assertEqual(result["test_examples"], 360)  # The digits' whole test split.
 
   def test_examples_per_global_step_counts_aggregated_replicas(self):
     async_cfg = testutil.make_config("--batch_size=32")
