@@ -46,8 +46,6 @@ def main(argv) -> int:
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
-  if not cfg.is_chief:
-    created = []  # Left for the chief, which may be about to write there.
   if os.environ.get("PS_TRAINER_CHECK_ONLY"):
     # `launch.sh local` checks the chief's flags so before it starts any task:
     # a mistake is then one line, not one per task among the launcher's own.
@@ -55,7 +53,8 @@ def main(argv) -> int:
   try:
     return _run_task(cfg)
   finally:
-    output_dir.remove_if_empty(created)
+    if cfg.is_chief:  # Another task leaves it to the chief, which writes there.
+      output_dir.remove_if_empty(created)
 
 
 def _check_log_dir(log_dir: str) -> list:

@@ -36,6 +36,12 @@ _INPUT_ERRORS = (data.DataError, models.ModelError, server_lib.ServerError,
                  checkpoints.MissingCheckpointError)
 # A run that could not go on: one line, status 1.
 _RUN_ERRORS = (waits.WaitTimeout, trainer.Diverged, export.ExportError)
+# Set, it turns the one line of an unforeseen failure back into a traceback.
+_TRACEBACK_ENV = "PS_TRAINER_TRACEBACK"
+
+
+def _wants_traceback() -> bool:
+  return bool(os.environ.get(_TRACEBACK_ENV))
 
 
 class _Loaded:
@@ -60,14 +66,14 @@ def run(cfg: config_lib.Config, stop: stops.StopRequest) -> int:
   except OSError as e:  # Python's own file work: result.json, step records.
     _file_error(e)
   except tf.errors.ResourceExhaustedError as e:
-    if os.environ.get("PS_TRAINER_TRACEBACK"):
+    if _wants_traceback():
       raise
     if _disk_full(e.message):  # TF reports ENOSPC as resource exhaustion too.
       _fail_disk_full(errors.first_line(e.message))
     errors.fail(f"out of memory ({errors.first_line(e.message)}); the model "
                 f"is too large for this host: {_smaller_model(cfg)}")
   except tf.errors.OpError as e:
-    if os.environ.get("PS_TRAINER_TRACEBACK"):
+    if _wants_traceback():
       raise
     errors.fail(*_op_error(e, cfg, loaded.dataset))
 
@@ -111,11 +117,11 @@ def _run_role(cfg: config_lib.Config, stop: stops.StopRequest,
 def _file_error(e: OSError) -> None:
   if e.errno in (errno.ENOSPC, errno.EDQUOT):
     _fail_disk_full(f"{e.strerror}: {e.filename}")
-  if os.environ.get("PS_TRAINER_TRACEBACK"):
+  if _wants_traceback():
     raise e
   what = f"a file error: {e.filename}:" if e.filename else "an OS error:"
   errors.fail(f"the run stopped on {what} {e.strerror or e} "
-              "(PS_TRAINER_TRACEBACK=1 shows the traceback)", status=1)
+              f"({_TRACEBACK_ENV}=1 shows the traceback)", status=1)
 
 
 def _op_error(e: tf.errors.OpError, cfg: config_lib.Config, dataset):
@@ -135,7 +141,7 @@ def _op_error(e: tf.errors.OpError, cfg: config_lib.Config, dataset):
       return bad, 2
   where = f" at {e.op.name}" if e.op is not None else ""
   return (f"TensorFlow stopped the run: {type(e).__name__}{where}: "
-          f"{errors.first_line(e.message)} (PS_TRAINER_TRACEBACK=1 shows the "
+          f"{errors.first_line(e.message)} ({_TRACEBACK_ENV}=1 shows the "
           "traceback)", 1)
 
 

@@ -15,6 +15,8 @@ import sys
 import time
 from typing import List, Optional
 
+from ps_trainer import run_result
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 LAUNCHER = os.path.join(REPO, "launch.sh")
@@ -75,7 +77,7 @@ def _last_lines(path: str, count: int = 3) -> str:
 
 def _finish(label: str, log_dir: str, log_path: str, status: int,
             started: float) -> Run:
-  result_path = os.path.join(log_dir, "result.json")
+  result_path = run_result.path(log_dir)
   if status != 0 or not os.path.exists(result_path):
     raise RunFailed(f"{label}: exited with status {status} and "
                     f"{'a' if os.path.exists(result_path) else 'no'} "
