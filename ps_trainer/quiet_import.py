@@ -1,8 +1,16 @@
-"""Imports TensorFlow without its native start-up notes on stderr."""
+"""Imports TensorFlow without its native start-up notes on stderr, and
+without Keras."""
 
 import os
 import sys
 import tempfile
+
+# TF 2.21 imports Keras 3 eagerly (and Keras imports matplotlib.pyplot when it
+# is installed, as it is for `launch.sh compare`): about 0.8 s of every
+# task's start, for a library that has no TF1 graph API and that nothing here
+# uses. Told to route tf.keras to the legacy tf_keras package, which is not
+# installed, TF skips that import; only touching tf.keras would then fail.
+_KERAS_SWITCH = "TF_USE_LEGACY_KERAS"
 
 
 def tensorflow():
@@ -11,7 +19,9 @@ def tensorflow():
   Its native libraries write CUDA probing and CPU-feature notes straight to
   file descriptor 2 before any log setting applies; they would bury the
   progress lines. If the import fails, the notes are shown after all.
+  A value of TF_USE_LEGACY_KERAS set by the user is kept.
   """
+  os.environ.setdefault(_KERAS_SWITCH, "1")
   saved = os.dup(2)
   with tempfile.TemporaryFile() as capture:
     os.dup2(capture.fileno(), 2)
