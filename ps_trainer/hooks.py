@@ -76,14 +76,17 @@ class Throughput:
   """Global steps per second, measured after the first 10% of the run.
 
   The first steps pay for graph set-up, session creation and warm-up; counting
-  them would understate the steady speed that comparisons care about. If the
-  global step goes back (a PS restarted and the model came back from an older
-  checkpoint), the measurement starts over from there.
+  them would understate the steady speed that comparisons care about. Nor does
+  the window start before `not_before_step`: the steps --trace_steps traces
+  run slower. If the global step goes back (a PS restarted and the model came
+  back from an older checkpoint), the measurement starts over from there.
   """
 
-  def __init__(self, train_steps: int, clock: Callable[[], float] = time.monotonic):
+  def __init__(self, train_steps: int, clock: Callable[[], float] = time.monotonic,
+               not_before_step: int = 0):
     self._train_steps = train_steps
     self._clock = clock
+    self._not_before = not_before_step
     self._started = None  # When the first session was ready.
     self._first = None    # (time, global step) of the first observed step.
     self._mark = None     # ... of the first step past the warm-up.
@@ -105,9 +108,15 @@ class Throughput:
       self._first, self._mark = now, None
     if self._mark is None:
       start = self._first[1]
-      if global_step >= start + 0.1 * max(self._train_steps - start, 0):
+      if (global_step >= start + 0.1 * max(self._train_steps - start, 0)
+          and global_step >= self._not_before):
         self._mark = now
     self._last = now
+
+  def _window(self):
+    """(start, end) of the measured steps, each (time, global step)."""
+    start = self._mark if self._mark and self._mark != self._last else self._first
+    return start, self._last
 
   def steps_per_sec(self) -> Optional[float]:
     """Steady global steps/s; falls back to the whole run if it was too short.
@@ -115,9 +124,17 @@ class Throughput:
     as the others finished the run has no speed to report, not a speed of 0."""
     if self._last is None:
       return None
-    start = self._mark if self._mark and self._mark != self._last else self._first
-    seconds = self._last[0] - start[0]
-    return (self._last[1] - start[1]) / seconds if seconds > 0 else None
+    start, end = self._window()
+    seconds = end[0] - start[0]
+    return (end[1] - start[1]) / seconds if seconds > 0 else None
+
+  def measured(self) -> dict:
+    """Where steps_per_sec was measured: the global step it starts from and
+    its seconds (a window of a few seconds is not a steady speed)."""
+    if self._last is None:
+      return {"measured_from_step": None, "measured_secs": None}
+    start, end = self._window()
+    return {"measured_from_step": start[1], "measured_secs": end[0] - start[0]}
 
   def wall_secs(self) -> Optional[float]:
     """Seconds from the first session's start to the last step (None: no step)."""
@@ -242,6 +259,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
                           else steps_per_sec * self._examples),
         steps_per_sec=steps_per_sec,
         wall_secs=self._throughput.wall_secs(),
+        **self._throughput.measured(),
         **self._fields)
     run_result.write(self._log_dir, self.result)
     errors.say(summary_line(self.result))

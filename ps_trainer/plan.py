@@ -141,7 +141,9 @@ def to_text(plan: dict) -> str:
     lines.append("largest / smallest PS: some PS holds nothing (fewer "
                  "variables than PS tasks; lower --num_ps)")
   d = plan["bytes_per_step_detail"]
-  lines += ["", f"Each worker moves about {_size(d['total'])} per step: "
+  # Dense bytes are exact; a table's rows are a bound (repeated ids move once).
+  bound = "at most " if d["rows_per_table"] else ""
+  lines += ["", f"Each worker moves {bound}{_size(d['total'])} per step: "
             f"dense reads {_size(d['dense_read'])}, dense gradients "
             f"{_size(d['dense_gradient'])}"]
   if d["rows_per_table"]:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 from typing import Callable, Iterable, List, Optional
 
 import tensorflow as tf
@@ -30,10 +31,10 @@ def is_ps_device(device: str) -> bool:
   return "/job:ps/" in device
 
 
-# A receive across tasks: "[0.8MB] [426.1Mb/s] edge_28_x from /job:ps/... to ...".
-_RPC_LABEL = re.compile(r"^\[([\d.]+)([KMG]?i?B)\] \[[^\]]*\] edge_\S* from ")
-_UNITS = {"B": 1, "KB": 1e3, "KiB": 1024, "MB": 1e6, "MiB": 1 << 20,
-          "GB": 1e9, "GiB": 1 << 30}
+# A receive across tasks, as TF labels it: "[0.8MB] [426.1Mb/s] edge_28_x from
+# /job:ps/... to ...". The size there is rounded and in binary units; the
+# exact bytes are the record's output.
+_RPC_LABEL = re.compile(r"^\[[^\]]*\] (?:\[[^\]]*\] )?edge_\S* from (\S+) to ")
 
 
 def _is_transfer(node) -> bool:
@@ -45,31 +46,41 @@ def _is_transfer(node) -> bool:
 
 
 def _received_bytes(node) -> int:
-  """Bytes a receive brought in: from its label (RPCs), else its outputs."""
-  match = _RPC_LABEL.match(node.timeline_label or "")
-  if match:
-    return int(float(match.group(1)) * _UNITS.get(match.group(2), 1))
+  """Bytes a receive brought in, exact: TF records them as its output."""
   return sum(out.tensor_description.allocation_description.requested_bytes
              for out in node.output)
 
 
 @dataclasses.dataclass
 class StepSplit:
-  """One traced step: how long its graph ran, split by what was happening.
+  """One traced step: how long it took, and how long its ops ran, split by
+  what was happening.
 
-  Each millisecond of the step counts once, for the first of CATEGORIES
-  busy at that moment: worker compute, then PS ops (reads, applies), then
-  transfers (receives waiting for tensors), else "other" (RPC latency,
-  scheduling: nothing recorded was running).
+  Each millisecond from the first recorded op to the last (total_ms) counts
+  once, for the first of CATEGORIES busy at that moment: worker compute, then
+  PS ops (reads, applies), then transfers (receives waiting for tensors),
+  else "other" (gaps between ops: RPC latency, scheduling). wall_ms is the
+  whole session.run as the worker saw it; what it holds beyond total_ms
+  passes before the first op or after the last (TF's session and master
+  setting the step up and collecting it, the hooks).
   """
   total_ms: float
   ms: dict
   bytes_to_worker: int
   bytes_to_ps: int
+  wall_ms: Optional[float] = None
+
+  @property
+  def outside_ms(self) -> Optional[float]:
+    if self.wall_ms is None:
+      return None
+    # Clocks of other hosts may not agree with this one's.
+    return max(self.wall_ms - self.total_ms, 0.0)
 
 
-def split_step(step_stats) -> StepSplit:
-  """Splits one step's time (see StepSplit) from its RunMetadata.step_stats."""
+def split_step(step_stats, wall_ms: Optional[float] = None) -> StepSplit:
+  """Splits one step's time (see StepSplit) from its RunMetadata.step_stats
+  and, if known, the wall time of its session.run."""
   intervals = {name: [] for name in CATEGORIES}
   bytes_to_worker = bytes_to_ps = 0
   start, end = None, None
@@ -89,9 +100,10 @@ def split_step(step_stats) -> StepSplit:
       else:
         intervals["ps" if on_ps else "compute"].append((begin, finish))
   if start is None:
-    return StepSplit(0.0, {name: 0.0 for name in CATEGORIES}, 0, 0)
+    return StepSplit(0.0, {name: 0.0 for name in CATEGORIES}, 0, 0, wall_ms)
   ms = _attribute(intervals, start, end)
-  return StepSplit((end - start) / 1000.0, ms, bytes_to_worker, bytes_to_ps)
+  return StepSplit((end - start) / 1000.0, ms, bytes_to_worker, bytes_to_ps,
+                   wall_ms)
 
 
 def _attribute(intervals: dict, start: int, end: int) -> dict:
@@ -122,38 +134,89 @@ def _attribute(intervals: dict, start: int, end: int) -> dict:
 def mean_split(splits: Iterable[StepSplit]) -> StepSplit:
   splits = list(splits)
   n = max(len(splits), 1)
+  walls = [s.wall_ms for s in splits]
   return StepSplit(
       total_ms=sum(s.total_ms for s in splits) / n,
       ms={name: sum(s.ms[name] for s in splits) / n for name in CATEGORIES},
       bytes_to_worker=sum(s.bytes_to_worker for s in splits) // n,
-      bytes_to_ps=sum(s.bytes_to_ps for s in splits) // n)
+      bytes_to_ps=sum(s.bytes_to_ps for s in splits) // n,
+      wall_ms=(sum(walls) / n if splits and None not in walls else None))
+
+
+def as_json(split: StepSplit, steps: int) -> dict:
+  """A split as <stem>.split.json holds it."""
+  return dict(dataclasses.asdict(split), outside_ms=split.outside_ms,
+              steps=steps)
 
 
 def describe(split: StepSplit) -> str:
-  """'3.10 ms per step: compute 0.90, PS 0.40, transfer 1.50, other 0.30; ...'"""
+  """'2.10 ms per traced step: in ops 1.50 (compute 0.90, PS 0.40, transfer
+  0.15, other 0.05), outside them 0.60; 1.08 MB to the worker, ...'"""
   parts = ", ".join(f"{'PS' if name == 'ps' else name} {split.ms[name]:.2f}"
                     for name in CATEGORIES)
-  return (f"{split.total_ms:.2f} ms per step: {parts}; "
-          f"{split.bytes_to_worker / 1e6:.2f} MB to the worker, "
+  if split.wall_ms is None:
+    timing = f"{split.total_ms:.2f} ms per step in ops: {parts}"
+  else:
+    timing = (f"{split.wall_ms:.2f} ms per traced step: in ops "
+              f"{split.total_ms:.2f} ({parts}), outside them "
+              f"{split.outside_ms:.2f}")
+  return (f"{timing}; {split.bytes_to_worker / 1e6:.2f} MB to the worker, "
           f"{split.bytes_to_ps / 1e6:.2f} MB to the PS")
 
 
+def _event_name(node) -> str:
+  """An op's name; a receive's names the task it came from."""
+  match = _RPC_LABEL.match(node.timeline_label or "")
+  if match:
+    source = match.group(1)
+    job = re.search(r"/job:(\w+)", source)
+    task = re.search(r"/task:(\d+)", source)
+    if job and task:
+      return f"{node.node_name} from {job.group(1)} {task.group(1)}"
+  return node.node_name
+
+
+def _rows(spans: List[tuple]) -> List[int]:
+  """A row for each (start, end), such that no two on a row overlap: Chrome
+  draws a row's events as nested, and receives from two PS tasks overlap
+  without nesting."""
+  row_ends: List[int] = []
+  rows = [0] * len(spans)
+  for index in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+    begin, finish = spans[index]
+    row = next((r for r, row_end in enumerate(row_ends) if row_end <= begin),
+               len(row_ends))
+    if row == len(row_ends):
+      row_ends.append(finish)
+    else:
+      row_ends[row] = finish
+    rows[index] = row
+  return rows
+
+
 def chrome_trace(steps: List) -> dict:
-  """Chrome trace events of the traced steps' step_stats, one process per device."""
-  events, pids = [], {}
+  """Chrome trace events of the traced steps' step_stats, one process per
+  device, each op on a row where it overlaps no other."""
+  events, pids, nodes = [], {}, {}
   for index, step_stats in enumerate(steps):
     for dev in step_stats.dev_stats:
       if dev.device not in pids:
         pids[dev.device] = len(pids)
+        nodes[dev.device] = []
         events.append({"name": "process_name", "ph": "M",
                        "pid": pids[dev.device], "args": {"name": dev.device}})
-      for node in dev.node_stats:
-        events.append({
-            "name": node.node_name, "ph": "X", "cat": "op",
-            "ts": node.all_start_micros,
-            "dur": max(node.all_end_rel_micros, 1),
-            "pid": pids[dev.device], "tid": node.thread_id,
-            "args": {"op": node.timeline_label, "traced_step": index}})
+      nodes[dev.device] += [(index, node) for node in dev.node_stats]
+  for device, device_nodes in nodes.items():
+    spans = [(node.all_start_micros,
+              node.all_start_micros + max(node.all_end_rel_micros, 1))
+             for _, node in device_nodes]
+    for (index, node), row in zip(device_nodes, _rows(spans)):
+      events.append({
+          "name": _event_name(node), "ph": "X", "cat": "op",
+          "ts": node.all_start_micros,
+          "dur": max(node.all_end_rel_micros, 1),
+          "pid": pids[device], "tid": row,
+          "args": {"op": node.timeline_label, "traced_step": index}})
   return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -176,7 +239,8 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
     self._skip = skip_steps
     self._echo = echo
     self._step = 0
-    self._traced: list = []
+    self._traced: list = []  # (step_stats, wall ms of its session.run)
+    self._began = 0.0
     self.written: Optional[str] = None
 
   def _tracing(self) -> bool:
@@ -186,14 +250,16 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
   def before_run(self, run_context):
     if not self._tracing():
       return None
+    self._began = time.perf_counter()
     return tf.compat.v1.train.SessionRunArgs(
         fetches=None, options=tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
 
   def after_run(self, run_context, run_values):
     if self._tracing() and run_values.run_metadata is not None:
+      wall_ms = (time.perf_counter() - self._began) * 1000.0
       # MonitoredSession gives each run a RunMetadata of its own.
-      self._traced.append(run_values.run_metadata.step_stats)
+      self._traced.append((run_values.run_metadata.step_stats, wall_ms))
     self._step += 1
     if len(self._traced) == self._num_steps:
       self._write()
@@ -206,12 +272,12 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
     os.makedirs(self._out_dir, exist_ok=True)
     path = os.path.join(self._out_dir, f"{self._file_stem}.json")
     with open(path, "w") as f:
-      json.dump(chrome_trace(self._traced), f)
-    split = mean_split(split_step(s) for s in self._traced)
+      json.dump(chrome_trace([stats for stats, _ in self._traced]), f)
+    split = mean_split(split_step(stats, wall_ms)
+                       for stats, wall_ms in self._traced)
     with open(os.path.join(self._out_dir, f"{self._file_stem}.split.json"),
               "w") as f:
-      json.dump(dict(dataclasses.asdict(split), steps=len(self._traced)), f,
-                indent=1)
+      json.dump(as_json(split, len(self._traced)), f, indent=1)
     self.written = path
     self._echo(f"{self._who}: traced {len(self._traced)} steps into {path}; "
                f"{describe(split)}")

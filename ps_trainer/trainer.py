@@ -224,7 +224,8 @@ def _diverged_message(cfg, progress: hooks_lib.ProgressHook) -> str:
 def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
            stop: stops.StopRequest, others: peers.Peers) -> _Hooks:
   per_step = examples_per_global_step(cfg)
-  throughput = hooks_lib.Throughput(cfg.train.train_steps)
+  throughput = hooks_lib.Throughput(cfg.train.train_steps,
+                                    not_before_step=_traced_until(cfg))
   progress = hooks_lib.ProgressHook(
       cfg.task_name, tg.loss, tg.global_step_read, cfg.train.train_steps,
       per_step,
@@ -270,6 +271,27 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
       cfg.train.log_dir, progress)
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result, stall_watch)
+
+
+def _traced_until(cfg: config_lib.Config) -> int:
+  """The global step by which every worker has traced its --trace_steps
+  (TraceHook), were they all to run at the same speed; 0 without tracing.
+
+  The chief says so when that leaves no steady window to measure the speed
+  in: the traced steps run slower, and so would the speed in result.json.
+  """
+  if not cfg.train.trace_steps:
+    return 0
+  own_steps = tracing.SKIP_STEPS + cfg.train.trace_steps + 1  # +1: the write
+  until = own_steps * cfg.num_workers
+  if cfg.is_chief and until >= 0.9 * cfg.train.train_steps:
+    errors.warn(f"--trace_steps={cfg.train.trace_steps} traces steps until "
+                f"about global step {until} of --train_steps="
+                f"{cfg.train.train_steps}, which leaves no steady steps to "
+                "measure: steps_per_sec in result.json counts the slower "
+                f"traced steps; with --train_steps={10 * until} or more it "
+                "would not")
+  return until
 
 
 def _sync_replica(cfg, tg: train_graph.TrainGraph, target: str

@@ -38,9 +38,22 @@ class ThroughputTest(absltest.TestCase):
     throughput.session_started()
     self.run_steps(throughput, clock, range(1, 10), secs_per_step=1.0)  # Slow start.
     self.run_steps(throughput, clock, range(10, 101), secs_per_step=0.1)
-    # Measured from step 10 (10% of 100): 90 steps in 9 s.
+    # Measured from step 11 (the first step seen, 1, plus 10% of the 99 left): 89 steps in
+    # 8.9 s.
     self.assertAlmostEqual(throughput.steps_per_sec(), 10.0)
     self.assertAlmostEqual(throughput.wall_secs(), 9 * 1.0 + 91 * 0.1)
+    measured = throughput.measured()
+    self.assertEqual(measured["measured_from_step"], 11)
+    self.assertAlmostEqual(measured["measured_secs"], 8.9)
+
+  def test_traced_steps_are_left_out_too(self):
+    clock = FakeClock()
+    throughput = hooks.Throughput(train_steps=100, clock=clock, not_before_step=31)
+    self.run_steps(throughput, clock, range(1, 31), secs_per_step=1.0)  # Traced: slow.
+    self.run_steps(throughput, clock, range(31, 101), secs_per_step=0.1)
+    # From step 31, not 10: 69 steps in 6.9 s.
+    self.assertAlmostEqual(throughput.steps_per_sec(), 10.0)
+    self.assertEqual(throughput.measured()["measured_from_step"], 31)
 
   def test_a_resumed_run_measures_from_where_it_started(self):
     clock = FakeClock()
@@ -118,6 +131,8 @@ class ResultHookTest(absltest.TestCase):
     self.assertAlmostEqual(result["steps_per_sec"], 2.0)
     self.assertAlmostEqual(result["examples_per_sec"], 128.0)
     self.assertAlmostEqual(result["wall_secs"], 10.0)
+    self.assertEqual(result["measured_from_step"], 3)  # 1 + 10% of the 19 steps left
+    self.assertAlmostEqual(result["measured_secs"], 8.5)
     self.assertIsNone(result["train_loss"])  # Never NaN: that is not JSON.
 
   def test_a_finished_job_started_again_keeps_its_result(self):

@@ -39,31 +39,50 @@ class SplitStepTest(absltest.TestCase):
         (WORKER, "recv_w", "_Recv", 1000, 2000, 1_000_000),
         # 2000-4000: compute, overlapping the end of the receive.
         (WORKER, "matmul", "MatMul", 2000, 2000, 0),
-        # An RPC receive as TF labels it; its size is in the label.
+        # An RPC receive as TF records it: the label rounds 209,715 bytes to
+        # "0.2MB" (of 2**20 bytes); its output holds them exactly.
         (WORKER, "RecvTensor", "[0.2MB] [100.0Mb/s] edge_3_w from /job:ps/x to",
-         2500, 500, 0),
+         2500, 500, 209_715),
         # 5000-6000: the PS receives the gradient and applies it; the gap
         # 4000-5000 is "other".
         (PS, "recv_g", "_Recv", 5000, 500, 400_000),
         (PS, "apply", "ResourceApplyGradientDescent", 5500, 500, 0),
-    ]))
+    ]), wall_ms=7.5)
     self.assertAlmostEqual(split.total_ms, 6.0)
     self.assertAlmostEqual(split.ms["ps"], 1.5)
     self.assertAlmostEqual(split.ms["transfer"], 1.5)  # 1000-2000, 5000-5500
     self.assertAlmostEqual(split.ms["compute"], 2.0)
     self.assertAlmostEqual(split.ms["other"], 1.0)
-    self.assertEqual(split.bytes_to_worker, 1_200_000)
+    self.assertAlmostEqual(split.outside_ms, 1.5)
+    self.assertEqual(split.bytes_to_worker, 1_209_715)
     self.assertEqual(split.bytes_to_ps, 400_000)
-    self.assertIn("6.00 ms per step: compute 2.00, PS 1.50, transfer 1.50, "
-                  "other 1.00; 1.20 MB to the worker, 0.40 MB to the PS",
-                  tracing.describe(split))
+    self.assertEqual("7.50 ms per traced step: in ops 6.00 (compute 2.00, PS 1.50, transfer "
+                     "1.50, other 1.00), outside them 1.50; 1.21 MB to the worker, 0.40 MB to "
+                     "the PS", tracing.describe(split))
 
   def test_mean_of_steps(self):
-    one = tracing.split_step(_step([(WORKER, "a", "MatMul", 0, 1000, 0)]))
-    three = tracing.split_step(_step([(WORKER, "a", "MatMul", 0, 3000, 0)]))
+    one = tracing.split_step(_step([(WORKER, "a", "MatMul", 0, 1000, 0)]), wall_ms=1.5)
+    three = tracing.split_step(_step([(WORKER, "a", "MatMul", 0, 3000, 0)]), wall_ms=3.5)
     mean = tracing.mean_split([one, three])
     self.assertAlmostEqual(mean.total_ms, 2.0)
     self.assertAlmostEqual(mean.ms["compute"], 2.0)
+    self.assertAlmostEqual(mean.wall_ms, 2.5)
+    self.assertAlmostEqual(mean.outside_ms, 0.5)
+
+
+class ChromeTraceTest(absltest.TestCase):
+
+  def test_overlapping_ops_get_rows_of_their_own_and_receives_name_their_source(self):
+    trace = tracing.chrome_trace([_step([
+        (WORKER, "RecvTensor", "[0.8MB] [1.0Gb/s] edge_1_a from /job:ps/replica:0/task:1/"
+         "device:CPU:0 to /job:worker/replica:0/task:0/device:CPU:0", 0, 100, 800_000),
+        (WORKER, "RecvTensor", "[0.3MB] [1.0Gb/s] edge_2_b from /job:ps/replica:0/task:0/"
+         "device:CPU:0 to /job:worker/replica:0/task:0/device:CPU:0", 50, 100, 300_000),
+        (WORKER, "matmul", "MatMul", 150, 100, 0),
+    ])])
+    ops = sorted((e["ts"], e["name"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "X")
+    self.assertEqual(ops, [(0, "RecvTensor from ps 1", 0), (50, "RecvTensor from ps 0", 1),
+                           (150, "matmul", 0)])
 
 
 class TraceHookTest(absltest.TestCase):
@@ -95,6 +114,9 @@ class TraceHookTest(absltest.TestCase):
       split = json.load(f)
     self.assertEqual(split["steps"], 3)
     self.assertGreater(split["ms"]["compute"], 0)
+    # The session.run around the ops takes longer than they do.
+    self.assertGreater(split["wall_ms"], split["total_ms"])
+    self.assertAlmostEqual(split["outside_ms"], split["wall_ms"] - split["total_ms"])
     self.assertLen(said, 1)
     self.assertStartsWith(said[0], f"worker 1: traced 3 steps into {trace_path}")
 

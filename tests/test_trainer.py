@@ -29,7 +29,7 @@ tf.compat.v1.disable_eager_execution()
 
 RESULT_KEYS = {"global_step", "loss", "accuracy", "examples_per_sec",
                "steps_per_sec", "wall_secs", "sync_replicas", "num_workers",
-               "num_ps"}
+               "num_ps", "measured_from_step", "measured_secs"}
 
 
 class LocalTrainingTest(absltest.TestCase):
@@ -207,6 +207,24 @@ class LocalTrainingTest(absltest.TestCase):
     # main exports it and exits 0; nothing is left for "the same command".
     self.assertEqual(result["global_step"], 20)
     self.assertNotIn("continues from it", output.getvalue())
+
+  def test_the_speed_leaves_the_traced_steps_out_and_says_when_it_cannot(self):
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+      result = self.train("--train_steps=80", "--trace_steps=5")
+    # Traced: steps 20-24 of this worker, then the write (step 25): the window starts at 26,
+    # not at 10% of the run.
+    self.assertEqual(result["measured_from_step"], 26)
+    self.assertGreater(result["measured_secs"], 0)
+    self.assertNotIn("warning", stderr.getvalue())
+    short = testutil.make_config("--train_steps=28", "--trace_steps=5")
+    with contextlib.redirect_stderr(stderr):
+      self.assertEqual(trainer._traced_until(short), 26)  # pylint: disable=protected-access
+    self.assertEqual(stderr.getvalue(), (
+        "ps_trainer: warning: --trace_steps=5 traces steps until about global step 26 of "
+        "--train_steps=28, which leaves no steady steps to measure: steps_per_sec in "
+        "result.json counts the slower traced steps; with --train_steps=260 or more it would "
+        "not\n"))
 
   def test_cnn_on_digits_learns(self):
     result = self.train("--train_steps=150", "--model=cnn")

@@ -6,8 +6,8 @@ costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
 three run in turns, round after round (A B C A B C ...), so a machine that
 slows down mid-bench slows all of them alike; figures are medians over the
 rounds. Speeds come from each run's result.json (steps/s after the first 10%
-of steps); the split of a step's time from 10 traced steps of each run
-(tracing.py), taken before the measured window.
+of steps and after the traced ones); the split of a step's time from 10
+traced steps of each run (tracing.py), which the speeds leave out.
 
 Default work (the reference of the performance targets): --model=mlp
 --hidden_units=256,256 --dataset=synthetic --batch_size=64 --optimizer=sgd
@@ -73,6 +73,7 @@ class Row:
   label: str
   steps_per_sec: List[float]
   examples_per_sec: List[float]
+  measured_secs: List[float]  # each run's window of steady steps
   split: Optional[dict]   # mean tracing split of the first run, if traced
   accuracy: Optional[float]
 
@@ -85,6 +86,7 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
   return Row(label,
              [r.result["steps_per_sec"] for r in done],
              [r.result.get("examples_per_sec", 0.0) for r in done],
+             [r.result.get("measured_secs") for r in done],
              split, done[0].result.get("accuracy"))
 
 # The run directories run_bench makes in --bench_dir.
@@ -123,17 +125,29 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
           for label, results in done.items() if results]
 
 
-def figures(rows: List[Row], values: Dict[str, str]) -> dict:
+# A speed measured over fewer seconds than this is not a steady rate: at 200
+# steps of the reference work (0.2-0.8 s windows), 2 async workers came out at
+# 0.4x of 1, against 1.1x at 2000 steps. The reference bench's windows are
+# 2-6 s long.
+STEADY_SECS = 1.0
+# A 1-minute load average above this at the start: other work shares the cores.
+BUSY_LOAD = 1.0
+
+
+def figures(rows: List[Row], values: Dict[str, str],
+            load_at_start: Optional[float] = None) -> dict:
   """The bench's figures as JSON-ready data, with the targets checked."""
   by_label = {row.label: row for row in rows}
   local = by_label[LOCAL].median("steps_per_sec")
-  out = {"work": values, "runs": []}
+  out = {"work": values, "runs": [], "load_at_start": load_at_start,
+         "cores": os.cpu_count()}
   for row in rows:
     steps = row.median("steps_per_sec")
     out["runs"].append({
         "label": row.label,
         "steps_per_sec": steps,
         "steps_per_sec_each": row.steps_per_sec,
+        "measured_secs_each": row.measured_secs,
         "examples_per_sec": row.median("examples_per_sec"),
         "vs_local": steps / local if local else None,
         "ms_per_step": 1000.0 / steps if steps else None,
@@ -147,23 +161,66 @@ def figures(rows: List[Row], values: Dict[str, str]) -> dict:
   return out
 
 
-def table(result: dict) -> str:
-  """The figures as a text table, then the targets."""
-  header = (f"{'run':<28}{'steps/s':>9}{'examples/s':>12}{'vs local':>10}"
-            f"{'ms/step':>9}   traced step: compute / PS / transfer / other ms,"
-            " MB in / out")
+def _speed_lines(result: dict) -> List[str]:
+  header = (f"{'run':<28}{'runs':>5}{'steps/s':>9}  {'(range)':<13}"
+            f"{'examples/s':>10}{'vs local':>10}{'ms/step':>9}")
+  lines = [header, "-" * len(header)]
+  for run in result["runs"]:
+    each = run["steps_per_sec_each"]
+    spread = (f"({min(each):.0f}-{max(each):.0f})" if len(each) > 1 else "")
+    lines.append(
+        f"{run['label']:<28}{len(each):>5}{run['steps_per_sec']:>9.1f}  "
+        f"{spread:<13}{run['examples_per_sec']:>10.0f}"
+        f"{run['vs_local']:>10.2f}{run['ms_per_step']:>9.2f}")
+  return lines
+
+
+def _split_lines(result: dict) -> List[str]:
+  header = (f"{'traced step (first run), ms':<28}{'step':>7}{'compute':>9}"
+            f"{'PS':>7}{'transfer':>10}{'other':>7}{'outside':>9}"
+            f"   MB in / out")
   lines = [header, "-" * len(header)]
   for run in result["runs"]:
     split = run["split"]
-    split_text = "-" if not split else (
-        f"{split['ms']['compute']:.2f} / {split['ms']['ps']:.2f} / "
-        f"{split['ms']['transfer']:.2f} / {split['ms']['other']:.2f}, "
-        f"{split['bytes_to_worker'] / 1e6:.2f} / {split['bytes_to_ps'] / 1e6:.2f}")
+    if not split:
+      lines.append(f"{run['label']:<28}{'-':>7}")
+      continue
+    ms = split["ms"]
+    wall, outside = split.get("wall_ms"), split.get("outside_ms")
     lines.append(
-        f"{run['label']:<28}{run['steps_per_sec']:>9.1f}"
-        f"{run['examples_per_sec']:>12.0f}{run['vs_local']:>10.2f}"
-        f"{run['ms_per_step']:>9.2f}   {split_text}")
-  lines.append("")
+        f"{run['label']:<28}"
+        f"{wall if wall is not None else split['total_ms']:>7.2f}"
+        f"{ms['compute']:>9.2f}{ms['ps']:>7.2f}{ms['transfer']:>10.2f}"
+        f"{ms['other']:>7.2f}"
+        f"{outside if outside is not None else 0.0:>9.2f}   "
+        f"{split['bytes_to_worker'] / 1e6:.2f} / "
+        f"{split['bytes_to_ps'] / 1e6:.2f}")
+  return lines
+
+
+def _warnings(result: dict) -> List[str]:
+  """What makes these figures less than steady speeds of an idle machine."""
+  out = []
+  load = result.get("load_at_start")
+  if load is not None and load > BUSY_LOAD:
+    out.append(f"warning: the machine was busy when the bench started (load "
+               f"{load:.1f}, {result.get('cores')} cores): other work shares "
+               "the cores, so these figures are low and noisy")
+  windows = [(secs, run["label"]) for run in result["runs"]
+             for secs in run.get("measured_secs_each") or () if secs is not None]
+  short = [w for w in windows if w[0] < STEADY_SECS]
+  if short:
+    secs, label = min(short)
+    out.append(f"warning: {len(short)} of {len(windows)} runs measured their "
+               f"speed over less than {STEADY_SECS:.0f} s (shortest: {label}, "
+               f"{secs:.1f} s): start-up still weighs in such figures; raise "
+               "--train_steps")
+  return out
+
+
+def table(result: dict) -> str:
+  """The figures as text tables, then the targets and what to trust."""
+  lines = _speed_lines(result) + [""] + _split_lines(result) + [""]
   # Three decimals: 0.4992 read "0.50 (target >= 0.5: NOT met)".
   ratio = result["cluster_vs_local"]
   lines.append(f"1 PS + 1 worker / local: {ratio:.3f} (target >= "
@@ -175,10 +232,18 @@ def table(result: dict) -> str:
   else:
     lines.append("plain TF1 baseline: not run (it trains only --model=mlp "
                  "--dataset=synthetic --optimizer=sgd)")
-  lines.append("steps/s: medians over rounds; examples/s counts every "
-               "aggregated replica's batch; the traced steps run slower than "
-               "untraced ones, so read their split as proportions.")
-  return "\n".join(lines)
+  lines += [
+      "steps/s: the median of the runs, taken in turns, and their range; the "
+      "ratios are of medians.",
+      "ms/step: 1000 / steps/s, per global step; 2 async workers each take "
+      "about twice that per step.",
+      "examples/s: every aggregated replica's batch counts.",
+      "traced step: the chief's mean over its traced steps, slower than "
+      "untraced ones; 'step' is",
+      "  its session.run: its ops (compute, PS, transfer, other) and what "
+      "TF's session and master do",
+      "  before the first op and after the last ('outside')."]
+  return "\n".join(lines + _warnings(result))
 
 
 def main(argv):
@@ -194,6 +259,7 @@ def main(argv):
   runs.say_launcher_note()
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
+  load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
   say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "
       + " ".join(f"--{k}={v}" for k, v in values.items()))
   try:
@@ -201,9 +267,12 @@ def main(argv):
   except runs.RunFailed as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 1
-  result = figures(rows, values)
+  result = figures(rows, values, load_at_start)
   with open(os.path.join(bench_dir, "bench.json"), "w") as f:
     json.dump(result, f, indent=1)
+  if FLAGS.json:
+    for line in _warnings(result):  # With the progress lines, on stderr.
+      say(line)
   print(json.dumps(result, indent=1) if FLAGS.json else table(result))
   return 0
 
