@@ -121,11 +121,11 @@ def _attribute(intervals: dict, start: int, end: int) -> dict:
   open_count = {name: 0 for name in CATEGORIES}
   ms = {name: 0.0 for name in CATEGORIES}
   previous = start
-  for time, name, change in edges:
-    if time > previous:
+  for micros, name, change in edges:
+    if micros > previous:
       busy = next((c for c in CATEGORIES[:-1] if open_count[c]), "other")
-      ms[busy] += (time - previous) / 1000.0
-      previous = time
+      ms[busy] += (micros - previous) / 1000.0
+      previous = micros
     if name is not None:
       open_count[name] += change
   return ms
