@@ -52,21 +52,19 @@ def relocate(log_dir: str) -> Optional[str]:
   `log_dir`; returns the directory it named, else None.
 
   Raises:
-    MissingCheckpointError: the newest checkpoint it names is not in log_dir.
+    MissingCheckpointError: the newest checkpoint it names is not in log_dir,
+      or not whole (TF's restore would end in a traceback).
   """
   state = tf.train.get_checkpoint_state(log_dir) if log_dir else None
   if state is None or not state.model_checkpoint_path:
     return None
   newest = state.model_checkpoint_path
   named = os.path.dirname(newest)
-  if os.path.realpath(named) == os.path.realpath(log_dir):
-    return None
+  moved = os.path.realpath(named) != os.path.realpath(log_dir)
   if not _exists(_in(log_dir, newest)):
-    raise MissingCheckpointError(
-        f"--log_dir={log_dir}: its checkpoint file names {newest}, and "
-        f"{os.path.basename(newest)} is not in --log_dir (moved or copied "
-        "without it?); put it there, or give a new --log_dir; nothing was "
-        "changed")
+    raise MissingCheckpointError(_missing(log_dir, newest, state, moved))
+  if not moved:
+    return None
   # The older ones too: the saver deletes them by these names (max_to_keep).
   older = [path for path in state.all_model_checkpoint_paths
            if path != newest and _exists(_in(log_dir, path))]
@@ -78,12 +76,52 @@ def relocate(log_dir: str) -> Optional[str]:
   return named
 
 
+def _missing(log_dir: str, newest: str, state, moved: bool) -> str:
+  """The one line for a newest checkpoint that is gone or not whole."""
+  base = os.path.basename(newest)
+  if moved:
+    return (f"--log_dir={log_dir}: its checkpoint file names {newest}, and "
+            f"{base} is not in --log_dir (moved or copied without it?); put "
+            "it there, or give a new --log_dir; nothing was changed")
+  intact = [os.path.basename(path)
+            for path in state.all_model_checkpoint_paths
+            if path != newest and _exists(_in(log_dir, path))]
+  if intact:
+    way_on = (f"the newest whole one is {intact[-1]}: to continue from it, "
+              f"make model_checkpoint_path \"{intact[-1]}\" in "
+              f"{os.path.join(log_dir, 'checkpoint')}")
+  else:
+    way_on = ("no whole checkpoint is left: give a new --log_dir, or remove "
+              f"{os.path.join(log_dir, 'checkpoint')} to start over there")
+  return (f"--log_dir={log_dir}: its newest checkpoint, {base}, is missing "
+          f"files ({', '.join(_missing_files(_in(log_dir, newest)))}); "
+          f"{way_on}; nothing was changed")
+
+
 def _in(log_dir: str, path: str) -> str:
   return os.path.join(log_dir, os.path.basename(path))
 
 
+def _data_files(checkpoint: str) -> list:
+  return tf.io.gfile.glob(checkpoint + ".data-?????-of-?????")
+
+
+def _missing_files(checkpoint: str) -> list:
+  """Which files of `checkpoint` are not there: its index, its data shards."""
+  base = os.path.basename(checkpoint)
+  missing = [] if tf.io.gfile.exists(checkpoint + ".index") else [
+      base + ".index"]
+  shards = _data_files(checkpoint)
+  if not shards:
+    return missing + [base + ".data-*"]
+  of = int(shards[0].rsplit("-of-", 1)[1])
+  return missing + [f"{base}.data-{i:05d}-of-{of:05d}" for i in range(of)
+                    if f"{checkpoint}.data-{i:05d}-of-{of:05d}" not in shards]
+
+
 def _exists(checkpoint: str) -> bool:
-  return tf.io.gfile.exists(checkpoint + ".index")
+  """Whether `checkpoint` is whole: its index and every data shard."""
+  return not _missing_files(checkpoint)
 
 
 def check_log_dir(log_dir: str, variables) -> None:

@@ -71,7 +71,8 @@ def build(cfg: config_lib.Config,
   Raises:
     checkpoints.ForeignCheckpointError: the chief's --log_dir holds
       checkpoints of another model.
-    checkpoints.MissingCheckpointError: its newest checkpoint is elsewhere.
+    checkpoints.MissingCheckpointError: its newest checkpoint is elsewhere,
+      or some of its files are gone.
   """
   tg = train_graph.build_graph(cfg, dataset)
   if cfg.is_chief:  # Only the chief restores and saves.

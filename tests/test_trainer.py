@@ -134,6 +134,35 @@ class LocalTrainingTest(absltest.TestCase):
         "give a new --log_dir; nothing was changed"))
     self.assertEqual(os.listdir(elsewhere), ["checkpoint"])
 
+  def test_a_newest_checkpoint_with_files_gone_is_one_line_naming_the_one_to_go_on_from(self):
+    self.train("--train_steps=30")  # model.ckpt-0 and model.ckpt-30
+    # The data file's shard count is in its own name: with its only shard gone, it is "data-*".
+    for gone, named in ((".index", ".index"), (".data-00000-of-00001", ".data-*")):
+      with self.subTest(gone=gone):
+        log_dir = testutil.make_tempdir(self) + "/run"
+        shutil.copytree(self.log_dir, log_dir)
+        os.remove(os.path.join(log_dir, "model.ckpt-30" + gone))
+        before = sorted(os.listdir(log_dir))
+        with self.assertRaises(checkpoints.MissingCheckpointError) as raised:
+          self.train_in(log_dir, 60)
+        self.assertEqual(str(raised.exception), (
+            f"--log_dir={log_dir}: its newest checkpoint, model.ckpt-30, is missing files "
+            f"(model.ckpt-30{named}); the newest whole one is model.ckpt-0: to continue from "
+            f"it, make model_checkpoint_path \"model.ckpt-0\" in {log_dir}/checkpoint; "
+            "nothing was changed"))
+        self.assertEqual(sorted(os.listdir(log_dir)), before)
+        self.assertIsNone(checkpoints.latest(log_dir))  # Nor do the evaluator and export use it.
+    for name in os.listdir(self.log_dir):
+      if name.startswith("model.ckpt-"):
+        os.remove(os.path.join(self.log_dir, name))
+    with self.assertRaises(checkpoints.MissingCheckpointError) as raised:
+      self.train_in(self.log_dir, 60)
+    self.assertEqual(str(raised.exception), (
+        f"--log_dir={self.log_dir}: its newest checkpoint, model.ckpt-30, is missing files "
+        "(model.ckpt-30.index, model.ckpt-30.data-*); no whole checkpoint is left: give a new "
+        f"--log_dir, or remove {self.log_dir}/checkpoint to start over there; nothing was "
+        "changed"))
+
   def test_a_log_dir_of_another_model_is_refused_and_left_as_it_was(self):
     self.train("--train_steps=30", "--hidden_units=32,32")
     before = self.modified_times()

@@ -186,13 +186,10 @@ def _split_lines(result: dict) -> List[str]:
       lines.append(f"{run['label']:<28}{'-':>7}")
       continue
     ms = split["ms"]
-    wall, outside = split.get("wall_ms"), split.get("outside_ms")
     lines.append(
-        f"{run['label']:<28}"
-        f"{wall if wall is not None else split['total_ms']:>7.2f}"
+        f"{run['label']:<28}{split['wall_ms']:>7.2f}"
         f"{ms['compute']:>9.2f}{ms['ps']:>7.2f}{ms['transfer']:>10.2f}"
-        f"{ms['other']:>7.2f}"
-        f"{outside if outside is not None else 0.0:>9.2f}   "
+        f"{ms['other']:>7.2f}{split['outside_ms']:>9.2f}   "
         f"{split['bytes_to_worker'] / 1e6:.2f} / "
         f"{split['bytes_to_ps'] / 1e6:.2f}")
   return lines
