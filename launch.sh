@@ -123,6 +123,12 @@ on_signal() {  # name exit-status
   if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]] && ((TAIL_STATUS != 0)); then
     this_run_log "$CHIEF" | grep -a "the same command continues from it" | tail -n 1 || true
   fi
+  # A chief that exits 0 finished the run (the signal came as it ended, or after): as without one,
+  # the launcher's status is the chief's.
+  if [[ -n ${CHIEF:-} && ${TASK_STATUS[CHIEF]:-} == 0 ]]; then
+    msg "chief finished; result: $log_dir/result.json"
+    exit 0
+  fi
   exit "$2"
 }
 

@@ -219,11 +219,15 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     fields: constant fields of result.json (mode, cluster size, ...).
     log_dir: where result.json goes.
     progress: the ProgressHook, for the last training loss.
+    on_written: called once result.json is written: the run is finished, and
+      a stop from then on is no stop of training.
   """
 
   def __init__(self, evaluate, global_step, throughput: Throughput,
                examples_per_global_step: int, fields: dict, log_dir: str,
-               progress: Optional[ProgressHook] = None):
+               progress: Optional[ProgressHook] = None,
+               on_written: Callable[[], None] = lambda: None):
+    self._on_written = on_written
     self._evaluate = evaluate
     self._global_step = global_step
     self._throughput = throughput
@@ -262,6 +266,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         **self._throughput.measured(),
         **self._fields)
     run_result.write(self._log_dir, self.result)
+    self._on_written()
     errors.say(summary_line(self.result))
 
 

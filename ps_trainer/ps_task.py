@@ -67,9 +67,10 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
           return stop.exit_status()
       elif watch.gave_up(now):
         errors.say(f"ps {info.task_index}: giving up: no worker has answered "
-                   f"for {wait_timeout_secs:.0f} s ({watch.describe()}) and "
-                   f"{done} of {info.num_workers} said done "
-                   "(--wait_timeout_secs); exiting with status 1")
+                   f"for {watch.silent_secs(now):.0f} s ({watch.describe()}) "
+                   f"and {done} of {info.num_workers} said done "
+                   f"(--wait_timeout_secs={wait_timeout_secs:g}); exiting "
+                   "with status 1")
         return 1
       time.sleep(poll_secs)
   if stop.requested:  # Stopped tasks exit 128 + the signal, as the others.
@@ -136,7 +137,8 @@ class _WorkerWatch:
       if self._answering:
         self._last_answer = now
         self._next_note = now + self._note_every
-      elif now >= self._next_note:
+      elif now >= self._next_note and not self.gave_up(now):
+        # Past the bound (a PS paused that long), the give-up line says it.
         errors.say(f"{self._who}: no worker has answered for "
                    f"{now - self._last_answer:.0f} s ({self.describe()}); "
                    f"giving up after {self._timeout:.0f} s")
@@ -144,7 +146,11 @@ class _WorkerWatch:
     return self._answering
 
   def gave_up(self, now) -> bool:
-    return bool(self._workers) and now - self._last_answer >= self._timeout
+    return bool(self._workers) and self.silent_secs(now) >= self._timeout
+
+  def silent_secs(self, now) -> float:
+    """Seconds since a worker last answered."""
+    return now - self._last_answer
 
   def describe(self) -> str:
     """The workers not yet done, with their addresses."""

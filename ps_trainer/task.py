@@ -99,7 +99,7 @@ def _run_role(cfg: config_lib.Config, stop: stops.StopRequest,
                                           cfg.train.train_steps)
     if earlier and not finished_run.cluster_restarted(cfg, stop):
       if cfg.is_chief:
-        stop.ended("exporting the finished run")
+        stop.ended(trainer.FINISHING)
         finished_run.export_alone(cfg, dataset, earlier, stop)
       else:
         finished_run.say_over(cfg, earlier)
@@ -109,7 +109,7 @@ def _run_role(cfg: config_lib.Config, stop: stops.StopRequest,
     return stop.exit_status() if stop.requested else 0
   # A finished run, on the chief or alone; a stop during its last step
   # does not cut its export short, nor make it count as stopped.
-  stop.ended("exporting the finished run")
+  stop.ended(trainer.FINISHING)
   export.export_and_record(cfg, dataset, result)
   return 0
 

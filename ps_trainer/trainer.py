@@ -40,6 +40,10 @@ class Diverged(RuntimeError):
   """The loss became NaN or Inf. The message is one line."""
 
 
+# What a finished run still does; a signal from then on stops no training.
+FINISHING = "exporting the finished run"
+
+
 def examples_per_global_step(cfg: config_lib.Config) -> int:
   """Examples one global step consumes: one batch, or one per aggregated replica."""
   replicas = cfg.train.replicas_to_aggregate if cfg.train.sync_replicas else 1
@@ -269,7 +273,8 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
     chief_only.append(sync_hook.final_checkpoint_guard())
   result = hooks_lib.ResultHook(
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
-      cfg.train.log_dir, progress)
+      cfg.train.log_dir, progress,
+      on_written=lambda: stop.ended(FINISHING))
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result, stall_watch)
 

@@ -187,12 +187,24 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertEqual(result["num_ps"], 1, result)
     return result
 
-  def test_local_async_runs_isolated(self):
+  def test_local_async_runs_isolated_and_a_stop_as_it_ends_leaves_it_finished(self):
     proc, log_dir = self._start_local("--train_steps=200")
+    # SIGTERM as soon as the chief says it is done, while it exports: the run is finished, and
+    # the launcher's status is the chief's 0, not 143.
+    chief_log = os.path.join(log_dir, "logs", "worker-0.log")
+    deadline = time.monotonic() + CLUSTER_TIMEOUT_SECS
+    while time.monotonic() < deadline and proc.returncode is None:
+      if os.path.exists(chief_log) and "done: step " in _read(chief_log):
+        os.kill(proc.pid, signal.SIGTERM)
+        break
+      time.sleep(0.05)
     result = self._check_finished_run(proc, log_dir, sync=False)
     self.assertGreaterEqual(result["global_step"], 200, result)
-    self.assertIn("the tasks run in a private network namespace (loopback only)",
-                  proc.read_log())
+    launcher_out = proc.read_log()
+    self.assertIn("launch.sh: got SIGTERM: stopping", launcher_out)
+    self.assertIn(f"chief finished; result: {log_dir}/result.json", launcher_out)
+    self.assertTrue(os.path.isdir(os.path.join(log_dir, "export")), os.listdir(log_dir))
+    self.assertIn("the tasks run in a private network namespace (loopback only)", launcher_out)
     # A task warns about exposure unless loopback is its only interface.
     for name in ("ps-0", "worker-0", "worker-1"):
       self.assertNotIn("warning:", _read(os.path.join(log_dir, "logs", f"{name}.log")))

@@ -97,8 +97,21 @@ class PsLifecycleTest(tf.test.TestCase):
     self.assertLess(secs, 30)
     self.assertEqual(lines[-1], (
         f"ps 0: giving up: no worker has answered for 1 s (worker 0 at 127.0.0.1:{w0}, "
-        f"worker 1 at 127.0.0.1:{w1}) and 0 of 2 said done (--wait_timeout_secs); exiting "
+        f"worker 1 at 127.0.0.1:{w1}) and 0 of 2 said done (--wait_timeout_secs=1); exiting "
         "with status 1"))
+
+  def test_a_ps_paused_past_the_bound_gives_up_with_the_time_it_heard_nothing(self):
+    info, _, _ = self.ps_info(2)
+    watch = ps_task._WorkerWatch(info, timeout_secs=20.0, probe_every_secs=0.1,  # pylint: disable=protected-access
+                                 clock=lambda: 0.0)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      answering = watch.any_answering(132.0)  # Its first look after a pause of 132 s.
+    self.assertFalse(answering)
+    self.assertTrue(watch.gave_up(132.0))
+    self.assertEqual(watch.silent_secs(132.0), 132.0)
+    # No "giving up after 20 s" note: the give-up line follows at once and says it.
+    self.assertEqual(output.getvalue(), "")
 
   def test_its_give_up_line_names_the_first_five_workers_of_a_big_job(self):
     status, _, lines, ports = self.run_ps(FakeStop(), wait_timeout_secs=1.0, num_workers=7)
@@ -106,7 +119,7 @@ class PsLifecycleTest(tf.test.TestCase):
     named = ", ".join(f"worker {i} at 127.0.0.1:{p}" for i, p in enumerate(ports[:5]))
     self.assertEqual(lines[-1], (
         f"ps 0: giving up: no worker has answered for 1 s ({named} and 2 more) and 0 of 7 "
-        "said done (--wait_timeout_secs); exiting with status 1"))
+        "said done (--wait_timeout_secs=1); exiting with status 1"))
 
   def test_once_a_worker_is_done_it_names_the_ones_it_still_waits_for(self):
     info, ps_port, worker_ports = self.ps_info(7)
@@ -166,7 +179,8 @@ class PsLifecycleTest(tf.test.TestCase):
     self.assertEqual(statuses, [1], lines)
     self.assertEqual(lines[-1], (
         f"ps 0: giving up: no worker has answered for 2 s (worker 1 at 127.0.0.1:"
-        f"{worker_ports[1]}) and 1 of 2 said done (--wait_timeout_secs); exiting with status 1"))
+        f"{worker_ports[1]}) and 1 of 2 said done (--wait_timeout_secs=2); exiting with status "
+        "1"))
 
   @staticmethod
   def accept_until_closed(listener: socket.socket) -> None:
