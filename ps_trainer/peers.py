@@ -109,11 +109,26 @@ class Peers:
     chief: the tasks a session start waits for."""
     needed = self._info.ps_addresses()
     if not self._info.is_chief:
-      chief = "chief" if self._info.has_chief_job else "worker 0"
-      address = self._info.replica_addresses().get(chief)
-      if address:  # A sparse TF_CONFIG may not list it.
-        needed[chief] = address
+      needed.update(self._chief())
     return waits.describe(needed)
+
+  def chief_gone(self) -> str:
+    """"worker 0 at host:port" if this non-chief replica's chief refuses
+    connections without having said on PS 0 that it is done, else "" (it
+    answers, it finished, or it cannot be told)."""
+    if self._info.is_chief:
+      return ""
+    gone = waits.unreachable(self._chief())
+    if not gone or ps_flags.replica_done(self._target, self._info, 0) is not False:
+      return ""
+    return gone[0]
+
+  def _chief(self) -> dict:
+    """{name: address} of the chief, empty where a sparse TF_CONFIG does
+    not list it."""
+    chief = "chief" if self._info.has_chief_job else "worker 0"
+    address = self._info.replica_addresses().get(chief)
+    return {chief: address} if address else {}
 
   def _needed(self) -> dict:
     """{name: address} of the tasks a step of this replica needs."""

@@ -149,7 +149,21 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     # Its own log, on its own host, tells a finished worker from a killed one.
     print(f"{cfg.task_name}: done: the run reached --train_steps="
           f"{cfg.train.train_steps}", flush=True)
+    _say_if_unsaved(cfg, others)
   return result
+
+
+def _say_if_unsaved(cfg: config_lib.Config, others: peers.Peers) -> None:
+  """An async worker trains on without its chief, to the end of the run if
+  the chief is gone for good; what it trained is then on the PS tasks only."""
+  gone = others.chief_gone()
+  if gone:
+    errors.warn(
+        f"{cfg.task_name}: the chief ({gone}) does not answer, so nothing has "
+        "saved the steps since its last checkpoint, nor written result.json "
+        "or the export: the model is only on the PS tasks, which keep it "
+        f"until they give up (--wait_timeout_secs={cfg.train.wait_timeout_secs:g}"
+        "); start the chief again with its command to save it")
 
 
 def _where_stopped(read_step: Optional[int], cfg: config_lib.Config) -> str:

@@ -7,11 +7,13 @@ In-process servers: a worker, and PS tasks of which some were never started.
 import contextlib
 import io
 import threading
+import types
 
 from absl.testing import absltest
 import tensorflow as tf
 
 from ps_trainer import cluster
+from ps_trainer import peers
 from ps_trainer import ps_flags
 from ps_trainer import server as server_lib
 import testutil
@@ -101,6 +103,29 @@ class DoneSignalsTest(absltest.TestCase):
       flags = ps_flags.done_flags(0, num_workers)
     with tf.compat.v1.Session(ps_target, graph=graph, config=server_lib.session_config(ps)) as s:
       return [int(f) for f in s.run(flags.read_value())]
+
+
+class ChiefGoneTest(absltest.TestCase):
+  """An async worker that ends the run after its chief died says its steps are unsaved."""
+
+  def test_a_chief_that_refuses_connections_without_saying_done_is_gone(self):
+    ps_port, *worker_ports = testutil.pick_free_ports(3)
+    hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
+    ps = cluster.from_flags(*hosts, "ps", 0)
+    ps_target = server_lib.start_server(ps).target
+    ps_flags.init_done_flags(ps_target, ps)
+    worker1 = cluster.from_flags(*hosts, "worker", 1)
+    worker1_target = server_lib.start_server(worker1).target  # Worker 0, the chief, is not up.
+    cfg = types.SimpleNamespace(cluster=worker1, train=types.SimpleNamespace(wait_timeout_secs=20))
+    others = peers.Peers(cfg, None, worker1_target, None, None)
+
+    self.assertFalse(ps_flags.replica_done(worker1_target, worker1, 0))
+    self.assertEqual(others.chief_gone(), f"worker 0 at 127.0.0.1:{worker_ports[0]}")
+    # A chief that finished said so on the PS before it exited: not gone.
+    ps_flags.run_on_ps(ps_target, ps, [0], 5,
+                       lambda: ps_flags.done_flags(0, 2)[0].assign(1))
+    self.assertTrue(ps_flags.replica_done(worker1_target, worker1, 0))
+    self.assertEqual(others.chief_gone(), "")
 
 
 if __name__ == "__main__":
