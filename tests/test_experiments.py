@@ -10,6 +10,7 @@ import json
 import os
 import statistics
 import subprocess
+import threading
 from unittest import mock
 
 from absl.testing import absltest
@@ -153,7 +154,7 @@ class FinishedRunTest(absltest.TestCase):
 
 class BenchTableTest(absltest.TestCase):
 
-  def result(self, rates, measured_secs=30.0, load=0.2, split=None):
+  def result(self, rates, measured_secs=30.0, busy=0.1, split=None):
     """bench.json's figures for label -> the steps/s of each of its runs."""
     local = statistics.median(rates["local (1 process)"])
     runs = [dict(label=label, steps_per_sec=statistics.median(each),
@@ -163,7 +164,7 @@ class BenchTableTest(absltest.TestCase):
                  ms_per_step=1000 / statistics.median(each), split=split)
             for label, each in rates.items()]
     by_label = {run["label"]: run["steps_per_sec"] for run in runs}
-    return {"runs": runs, "load_at_start": load, "cores": 2,
+    return {"runs": runs, "busy_cores_at_start": busy, "cores": 2,
             "cluster_vs_local": by_label["1 PS + 1 worker"] / local,
             "cluster_vs_plain_tf1": (by_label["1 PS + 1 worker"]
                                      / by_label["plain TF1, 1 PS + 1 worker"])}
@@ -193,12 +194,30 @@ class BenchTableTest(absltest.TestCase):
     self.assertEqual(split_row.split()[5:], ["2.07", "0.90", "0.40", "0.15", "0.05", "0.57",
                                              "1.08", "/", "0.41"])
 
+  def test_busy_cores_counts_work_running_now(self):
+    idle = bench.busy_cores(0.5)
+    stop = threading.Event()
+
+    def spin():
+      while not stop.is_set():
+        pass
+
+    spinning = threading.Thread(target=spin, daemon=True)
+    spinning.start()
+    busy = bench.busy_cores(0.5)
+    stop.set()
+    spinning.join()
+    self.assertBetween(idle, 0.0, 2.0)
+    # One thread of Python spins one core (other work on the machine may add to it).
+    self.assertGreater(busy, 0.6)
+
   def test_a_busy_machine_and_short_windows_are_named(self):
     lines = bench.table(self.result({
         "local (1 process)": [2659.0, 1822.0], "1 PS + 1 worker": [782.0, 700.0],
-        "plain TF1, 1 PS + 1 worker": [300.0, 310.0]}, measured_secs=0.4, load=3.1)).splitlines()
-    self.assertIn("warning: the machine was busy when the bench started (load 3.1, 2 cores): "
-                  "other work shares the cores, so these figures are low and noisy", lines)
+        "plain TF1, 1 PS + 1 worker": [300.0, 310.0]}, measured_secs=0.4, busy=1.6)).splitlines()
+    self.assertIn("warning: the machine was busy when the bench started (other work used 1.6 "
+                  "of its 2 cores): it shares the cores, so these figures are low and noisy",
+                  lines)
     self.assertIn("warning: 6 of 6 runs measured their speed over less than 1 s (shortest: "
                   "1 PS + 1 worker, 0.4 s): start-up still weighs in such figures; raise "
                   "--train_steps", lines)

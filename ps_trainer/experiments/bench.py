@@ -130,16 +130,38 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
 # 0.4x of 1, against 1.1x at 2000 steps. The reference bench's windows are
 # 2-6 s long.
 STEADY_SECS = 1.0
-# A 1-minute load average above this at the start: other work shares the cores.
-BUSY_LOAD = 1.0
+# Cores other work kept busy in the second before the bench, past which it
+# warns. Not the load average: a minute's average still counts work that has
+# just ended.
+BUSY_CORES = 0.5
+
+
+def busy_cores(secs: float = 1.0) -> Optional[float]:
+  """How many cores' worth of CPU time the machine used over `secs` (from
+  /proc/stat); None where that cannot be read."""
+  def totals():
+    with open("/proc/stat") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
+    return sum(fields), idle
+  try:
+    total0, idle0 = totals()
+    time.sleep(secs)
+    total1, idle1 = totals()
+  except (OSError, ValueError, IndexError):
+    return None
+  elapsed = total1 - total0
+  if elapsed <= 0:
+    return None
+  return (1.0 - (idle1 - idle0) / elapsed) * (os.cpu_count() or 1)
 
 
 def figures(rows: List[Row], values: Dict[str, str],
-            load_at_start: Optional[float] = None) -> dict:
+            busy_at_start: Optional[float] = None) -> dict:
   """The bench's figures as JSON-ready data, with the targets checked."""
   by_label = {row.label: row for row in rows}
   local = by_label[LOCAL].median("steps_per_sec")
-  out = {"work": values, "runs": [], "load_at_start": load_at_start,
+  out = {"work": values, "runs": [], "busy_cores_at_start": busy_at_start,
          "cores": os.cpu_count()}
   for row in rows:
     steps = row.median("steps_per_sec")
@@ -198,11 +220,11 @@ def _split_lines(result: dict) -> List[str]:
 def _warnings(result: dict) -> List[str]:
   """What makes these figures less than steady speeds of an idle machine."""
   out = []
-  load = result.get("load_at_start")
-  if load is not None and load > BUSY_LOAD:
-    out.append(f"warning: the machine was busy when the bench started (load "
-               f"{load:.1f}, {result.get('cores')} cores): other work shares "
-               "the cores, so these figures are low and noisy")
+  busy = result.get("busy_cores_at_start")
+  if busy is not None and busy > BUSY_CORES:
+    out.append(f"warning: the machine was busy when the bench started (other "
+               f"work used {busy:.1f} of its {result.get('cores')} cores): "
+               "it shares the cores, so these figures are low and noisy")
   windows = [(secs, run["label"]) for run in result["runs"]
              for secs in run.get("measured_secs_each") or () if secs is not None]
   short = [w for w in windows if w[0] < STEADY_SECS]
@@ -256,7 +278,7 @@ def main(argv):
   runs.say_launcher_note()
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
-  load_at_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+  busy_at_start = busy_cores()
   say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "
       + " ".join(f"--{k}={v}" for k, v in values.items()))
   try:
@@ -264,7 +286,7 @@ def main(argv):
   except runs.RunFailed as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 1
-  result = figures(rows, values, load_at_start)
+  result = figures(rows, values, busy_at_start)
   with open(os.path.join(bench_dir, "bench.json"), "w") as f:
     json.dump(result, f, indent=1)
   if FLAGS.json:
