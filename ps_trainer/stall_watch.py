@@ -28,6 +28,9 @@ START_TIMEOUTS = 4
 
 # What a task does outside its steps, each bounded as above.
 _STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
+# What TF does at the end of a run, one call after another.
+_ENDING_CALLS = ("the final checkpoint, the test split's evaluation, closing "
+                 "the session or telling the PS tasks this worker is done")
 
 
 class StallWatchHook(tf.compat.v1.train.SessionRunHook):
@@ -112,6 +115,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
+    self._ending_noted = None  # The _ENDING wait last noted, and its next note.
     self._done = threading.Event()
     self._thread = None
 
@@ -188,6 +192,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     while not self._done.wait(self._poll):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
+      self._note_ending()
       started = self._step_started
       self._rules.leave_if_owed(started)
       if started is None:
@@ -221,6 +226,24 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         if self._may_act_on(started):
           self._rules.step_noted(started)
 
+  def _note_ending(self) -> None:
+    """Every note_every_secs that one call at the end of the run waits: after
+    its result, TF can take many seconds to close a session that a paused PS
+    once held up, and the task would otherwise say nothing meanwhile."""
+    outside = self._outside
+    if (outside is None or outside[0] != _ENDING or self._start_peers is None
+        or self._stop.requested):
+      return
+    if self._ending_noted is None or self._ending_noted[0] != outside:
+      self._ending_noted = (outside, self._note_every)
+    waited = self._clock() - outside[1]
+    next_note = self._ending_noted[1]
+    if waited >= next_note:
+      errors.say(f"{self._stop.who}: the end of the run has waited "
+                 f"{waited:.0f} s for TensorFlow ({_ENDING_CALLS}); giving up "
+                 f"after {self._outside_steps_timeout:.0f} s")
+      self._ending_noted = (outside, next_note + self._note_every)
+
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
     the run that overran."""
@@ -244,10 +267,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         _AFTER_STEP: (f"in the work after a step (a checkpoint save?) "
                       f"{bound}: {not_serving}"),
         _ENDING: (
-            "waiting for TensorFlow at the end of the run (the final "
-            "checkpoint, the test split's evaluation or telling the PS "
-            f"tasks this worker is done) {bound}: {not_serving}; the newest "
-            "checkpoint is kept"),
+            f"waiting for TensorFlow at the end of the run ({_ENDING_CALLS}) "
+            f"{bound}: {not_serving}; the newest checkpoint is kept"),
     }[kind]
     self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
     return True

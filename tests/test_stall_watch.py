@@ -276,10 +276,31 @@ class SessionStartBoundTest(absltest.TestCase):
           hook.ending()  # trainer.py, before it tells the PS tasks it is done.
         self.assertRegex(self.forced_reason(stop, hook),
                          r"^gave up after \d+ s waiting for TensorFlow at the end of the run "
-                         r"\(the final checkpoint, the test split's evaluation or telling the PS "
-                         r"tasks this worker is done\) \(at most 4 s, 4 x --wait_timeout_secs\): "
+                         r"\(the final checkpoint, the test split's evaluation, closing the "
+                         r"session or telling the PS tasks this worker is done\) \(at most 4 s, 4 x "
+                         r"--wait_timeout_secs\): "
                          r"ps 0 at h:1 may not be serving \(stopped, paused or wedged\); the "
                          r"newest checkpoint is kept$")
+
+  def test_a_long_call_at_the_end_of_the_run_is_noted_not_waited_in_silence(self):
+    # TF took 9-37 s to close the session at the end of sync runs whose PS had been paused.
+    stop = stop_fakes.RecordingStop("chief")
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=1.0,
+                                      note_every_secs=0.5, poll_secs=0.05,
+                                      start_peers=lambda: "ps 0 at h:1")
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.after_create_session(None, None)
+      hook.end(None)
+      time.sleep(1.3)
+      hook.finished()
+      time.sleep(0.2)
+    self.assertEqual(stop.forced, [])
+    notes = output.getvalue().splitlines()
+    self.assertLen(notes, 2, notes)  # At 0.5 and 1 s.
+    self.assertRegex(notes[0], r"^chief: the end of the run has waited [01] s for TensorFlow "
+                     r"\(the final checkpoint, the test split's evaluation, closing the session "
+                     r"or telling the PS tasks this worker is done\); giving up after 4 s$")
 
   def test_an_end_of_run_whose_calls_return_may_take_longer(self):
     # A big test split takes many batches: each may take the bound, not all of them together.
