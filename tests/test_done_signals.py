@@ -21,6 +21,19 @@ import testutil
 tf.compat.v1.disable_eager_execution()
 
 
+def _ps_and_worker_1():
+  """In-process servers of PS 0 (its done flags made) and worker 1 of a 1 PS + 2 workers
+  cluster; worker 0, the chief, is not started. (ps info, its target, worker 1's info, its
+  target, the workers' ports)."""
+  ps_port, *worker_ports = testutil.pick_free_ports(3)
+  hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
+  ps = cluster.from_flags(*hosts, "ps", 0)
+  ps_target = server_lib.start_server(ps).target
+  ps_flags.init_done_flags(ps_target, ps)
+  worker1 = cluster.from_flags(*hosts, "worker", 1)
+  return ps, ps_target, worker1, server_lib.start_server(worker1).target, worker_ports
+
+
 class DoneSignalsTest(absltest.TestCase):
 
   def _leave(self, info, bound_secs=15):
@@ -61,13 +74,7 @@ class DoneSignalsTest(absltest.TestCase):
     self.assertEqual(self._flags(ps0_target, ps0, 1), [1])  # PS 0 can finish without ps 1.
 
   def test_a_replica_started_again_is_not_done_until_it_says_so_again(self):
-    ps_port, *worker_ports = testutil.pick_free_ports(3)
-    hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
-    ps = cluster.from_flags(*hosts, "ps", 0)
-    ps_target = server_lib.start_server(ps).target
-    ps_flags.init_done_flags(ps_target, ps)
-    worker1 = cluster.from_flags(*hosts, "worker", 1)
-    worker1_target = server_lib.start_server(worker1).target
+    ps, ps_target, worker1, worker1_target, _ = _ps_and_worker_1()
 
     ps_flags.signal_done(worker1_target, worker1, timeout_secs=5)  # Stopped by a SIGTERM.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
@@ -109,13 +116,7 @@ class ChiefGoneTest(absltest.TestCase):
   """An async worker that ends the run after its chief died says its steps are unsaved."""
 
   def test_a_chief_that_refuses_connections_without_saying_done_is_gone(self):
-    ps_port, *worker_ports = testutil.pick_free_ports(3)
-    hosts = (f"127.0.0.1:{ps_port}", ",".join(f"127.0.0.1:{p}" for p in worker_ports))
-    ps = cluster.from_flags(*hosts, "ps", 0)
-    ps_target = server_lib.start_server(ps).target
-    ps_flags.init_done_flags(ps_target, ps)
-    worker1 = cluster.from_flags(*hosts, "worker", 1)
-    worker1_target = server_lib.start_server(worker1).target  # Worker 0, the chief, is not up.
+    ps, ps_target, worker1, worker1_target, worker_ports = _ps_and_worker_1()
     cfg = types.SimpleNamespace(cluster=worker1, train=types.SimpleNamespace(wait_timeout_secs=20))
     others = peers.Peers(cfg, None, worker1_target, None, None)
 
