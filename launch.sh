@@ -113,10 +113,13 @@ report_failures() {
 # it) and forces its own exit after 20 s (a PS after 35: it serves a blocked chief's last
 # checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that.
 STOP_GRACE_SECS=40
+CHIEF_END_SAID=0  # Set once "chief finished" is said: a signal after does not say it again.
 
 on_signal() {  # name exit-status
   trap - INT TERM
-  msg "got SIG$1: stopping $(running_tasks) (the chief writes a final checkpoint first)"
+  local note=""
+  [[ -n ${CHIEF:-} && -z ${TASK_DONE[CHIEF]:-} ]] && note=" (the chief writes a final checkpoint first)"
+  msg "got SIG$1: stopping $(running_tasks)$note"
   stop_tasks "$STOP_GRACE_SECS" "$1"   # The same signal: Ctrl-C reads as SIGINT in their logs.
   # Unless the tail showing the chief's log ran to the chief's end (the signal may have come before
   # the tail started, or ended it), repeat the chief's word on where to continue.
@@ -126,7 +129,7 @@ on_signal() {  # name exit-status
   # A chief that exits 0 finished the run (the signal came as it ended, or after): as without one,
   # the launcher's status is the chief's.
   if [[ -n ${CHIEF:-} && ${TASK_STATUS[CHIEF]:-} == 0 ]]; then
-    msg "chief finished; result: $log_dir/result.json"
+    ((CHIEF_END_SAID)) || msg "chief finished; result: $log_dir/result.json"
     exit 0
   fi
   exit "$2"
@@ -252,6 +255,7 @@ run_local() {
   local chief_status=${TASK_STATUS[CHIEF]}
   if [[ $chief_status == 0 ]]; then
     msg "chief finished; result: $log_dir/result.json"
+    CHIEF_END_SAID=1
   else
     msg "chief (worker-0) exited with status $chief_status (log: ${TASK_LOGS[CHIEF]})"
   fi

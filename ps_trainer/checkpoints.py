@@ -21,6 +21,7 @@ a file before it restores (relocate).
 """
 
 import os
+import re
 from typing import Optional
 
 import tensorflow as tf
@@ -66,8 +67,7 @@ def relocate(log_dir: str) -> Optional[str]:
   if not moved:
     return None
   # The older ones too: the saver deletes them by these names (max_to_keep).
-  older = [path for path in state.all_model_checkpoint_paths
-           if path != newest and _exists(_in(log_dir, path))]
+  older = _older_whole(log_dir, state)
   # Relative names, as the trainer's savers now write (save_relative_paths).
   name = (os.path.basename if os.path.isabs(log_dir)
           else lambda path: _in(log_dir, path))
@@ -79,13 +79,12 @@ def relocate(log_dir: str) -> Optional[str]:
 def _missing(log_dir: str, newest: str, state, moved: bool) -> str:
   """The one line for a newest checkpoint that is gone or not whole."""
   base = os.path.basename(newest)
-  if moved:
+  lacking = _missing_files(_in(log_dir, newest))
+  if moved and lacking == [base + ".index", base + ".data-*"]:  # No file.
     return (f"--log_dir={log_dir}: its checkpoint file names {newest}, and "
             f"{base} is not in --log_dir (moved or copied without it?); put "
             "it there, or give a new --log_dir; nothing was changed")
-  intact = [os.path.basename(path)
-            for path in state.all_model_checkpoint_paths
-            if path != newest and _exists(_in(log_dir, path))]
+  intact = [os.path.basename(path) for path in _older_whole(log_dir, state)]
   if intact:
     way_on = (f"the newest whole one is {intact[-1]}: to continue from it, "
               f"make model_checkpoint_path \"{intact[-1]}\" in "
@@ -94,29 +93,45 @@ def _missing(log_dir: str, newest: str, state, moved: bool) -> str:
     way_on = ("no whole checkpoint is left: give a new --log_dir, or remove "
               f"{os.path.join(log_dir, 'checkpoint')} to start over there")
   return (f"--log_dir={log_dir}: its newest checkpoint, {base}, is missing "
-          f"files ({', '.join(_missing_files(_in(log_dir, newest)))}); "
-          f"{way_on}; nothing was changed")
+          f"files ({', '.join(lacking)}); {way_on}; nothing was changed")
+
+
+def _older_whole(log_dir: str, state) -> list:
+  """The checkpoints older than the newest that the checkpoint file names
+  and that are whole in log_dir, oldest first, as that file names them."""
+  newest = state.model_checkpoint_path
+  return [path for path in state.all_model_checkpoint_paths
+          if path != newest and _exists(_in(log_dir, path))]
 
 
 def _in(log_dir: str, path: str) -> str:
   return os.path.join(log_dir, os.path.basename(path))
 
 
-def _data_files(checkpoint: str) -> list:
-  return tf.io.gfile.glob(checkpoint + ".data-?????-of-?????")
-
-
 def _missing_files(checkpoint: str) -> list:
-  """Which files of `checkpoint` are not there: its index, its data shards."""
-  base = os.path.basename(checkpoint)
-  missing = [] if tf.io.gfile.exists(checkpoint + ".index") else [
-      base + ".index"]
-  shards = _data_files(checkpoint)
-  if not shards:
+  """Which files of `checkpoint` are not there: its index, its data shards.
+
+  Listed, not globbed: a --log_dir named with [ ] * or ? would match
+  nothing. A prefix saved again with another shard count may keep the old
+  count's shards; it is whole if any count has all of its shards.
+  """
+  directory, base = os.path.split(checkpoint)
+  try:
+    names = set(tf.io.gfile.listdir(directory or "."))
+  except tf.errors.NotFoundError:
+    names = set()
+  missing = [] if base + ".index" in names else [base + ".index"]
+  shard = re.compile(re.escape(base) + r"\.data-(\d{5})-of-(\d{5})$")
+  present = {}  # shard count -> the shards of it there
+  for name in names:
+    match = shard.match(name)
+    if match:
+      present.setdefault(int(match.group(2)), set()).add(int(match.group(1)))
+  if not present:
     return missing + [base + ".data-*"]
-  of = int(shards[0].rsplit("-of-", 1)[1])
+  of = min(present, key=lambda count: count - len(present[count]))
   return missing + [f"{base}.data-{i:05d}-of-{of:05d}" for i in range(of)
-                    if f"{checkpoint}.data-{i:05d}-of-{of:05d}" not in shards]
+                    if i not in present[of]]
 
 
 def _exists(checkpoint: str) -> bool:

@@ -241,8 +241,20 @@ def _checkpoint_secs(values: Mapping) -> Optional[int]:
   return secs
 
 
+# TF finds a checkpoint by a pattern of its path (its reader and the
+# Saver's), where these are wildcards: under them a checkpoint is never found.
+_PATTERN_CHARACTERS = "*?[\\"
+
+
 def _log_dir(log_dir: str, cluster, now: Optional[float]) -> str:
   if log_dir:
+    used = sorted({c for c in log_dir if c in _PATTERN_CHARACTERS})
+    if used:
+      raise ConfigError(
+          f"--log_dir={log_dir}: TensorFlow finds checkpoints by pattern, so "
+          f"one under a path with {' '.join(used)} in it is never found "
+          "(a restart would start over); accepted: a path without * ? [ "
+          "or \\")
     return log_dir
   if cluster is None:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))

@@ -77,16 +77,17 @@ class Throughput:
 
   The first steps pay for graph set-up, session creation and warm-up; counting
   them would understate the steady speed that comparisons care about. Nor does
-  the window start before `not_before_step`: the steps --trace_steps traces
-  run slower. If the global step goes back (a PS restarted and the model came
-  back from an older checkpoint), the measurement starts over from there.
+  the window start within `skip_steps` of the first step this process saw:
+  the steps --trace_steps traces run slower. If the global step goes back (a
+  PS restarted and the model came back from an older checkpoint), the
+  measurement starts over from there, the tracing long over.
   """
 
   def __init__(self, train_steps: int, clock: Callable[[], float] = time.monotonic,
-               not_before_step: int = 0):
+               skip_steps: int = 0):
     self._train_steps = train_steps
     self._clock = clock
-    self._not_before = not_before_step
+    self._skip = skip_steps
     self._started = None  # When the first session was ready.
     self._first = None    # (time, global step) of the first observed step.
     self._mark = None     # ... of the first step past the warm-up.
@@ -105,11 +106,13 @@ class Throughput:
     now = (self._clock(), global_step)
     self.steps_observed += 1
     if self._first is None or global_step < self._last[1]:
+      if self._first is not None:
+        self._skip = 0
       self._first, self._mark = now, None
     if self._mark is None:
       start = self._first[1]
       if (global_step >= start + 0.1 * max(self._train_steps - start, 0)
-          and global_step >= self._not_before):
+          and global_step >= start + self._skip):
         self._mark = now
     self._last = now
 
@@ -131,9 +134,9 @@ class Throughput:
   def measured(self) -> dict:
     """Where steps_per_sec was measured: the global step it starts from and
     its seconds (a window of a few seconds is not a steady speed)."""
-    if self._last is None:
+    start, end = self._window() if self._last else (None, None)
+    if start is None or end[0] <= start[0]:  # steps_per_sec() is None too.
       return {"measured_from_step": None, "measured_secs": None}
-    start, end = self._window()
     return {"measured_from_step": start[1], "measured_secs": end[0] - start[0]}
 
   def wall_secs(self) -> Optional[float]:

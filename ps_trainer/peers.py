@@ -6,6 +6,7 @@ import os
 
 from ps_trainer import errors
 from ps_trainer import ps_flags
+from ps_trainer import ps_runs
 from ps_trainer import repeats
 from ps_trainer import run_signature
 from ps_trainer import waits
@@ -14,6 +15,9 @@ from ps_trainer import waits
 # How long a task whose step is stuck waits for its peers to answer before
 # it starts itself again (stall_watch.StallWatchHook); TF takes 3-10 s to start.
 RESTART_GRACE_SECS = 30.0
+# How long a chief that refuses connections at the end of a run gets to come
+# back (one starting itself again takes 3-10 s) before it counts as gone.
+CHIEF_BACK_SECS = 15.0
 
 
 class Peers:
@@ -114,14 +118,19 @@ class Peers:
 
   def chief_gone(self) -> str:
     """"worker 0 at host:port" if this non-chief replica's chief refuses
-    connections without having said on PS 0 that it is done, else "" (it
-    answers, it finished, or it cannot be told)."""
-    if self._info.is_chief:
+    connections, has not said on PS 0 that it is done (finished or stopped)
+    and is not back within CHIEF_BACK_SECS (a chief starting itself again);
+    else "". Each look is bounded: the stall watch has ended."""
+    chief = self._chief() if self._info is not None else {}
+    if self._info is None or self._info.is_chief or not waits.unreachable(chief):
       return ""
-    gone = waits.unreachable(self._chief())
-    if not gone or ps_flags.replica_done(self._target, self._info, 0) is not False:
+    said_done = ps_runs.PsRuns(self._target, self._info, timeout_secs=5.0).run(
+        0, lambda: ps_flags.done_flags(0, self._info.num_workers)[0],
+        "read whether the chief said it is done")
+    if said_done is None or said_done:  # Unknown, or it left.
       return ""
-    return gone[0]
+    gone = waits.still_unreachable(chief, CHIEF_BACK_SECS)
+    return waits.describe(gone) if gone else ""
 
   def _chief(self) -> dict:
     """{name: address} of the chief, empty where a sparse TF_CONFIG does

@@ -130,19 +130,6 @@ def clear_done(target: str, info: cluster_lib.ClusterInfo,
       time.sleep(poll_secs)
 
 
-def replica_done(target: str, info: cluster_lib.ClusterInfo, replica: int,
-                 timeout_secs: float = 5.0):
-  """Whether `replica` has set its done flag, as PS 0 holds it; None when
-  PS 0 does not answer or cannot tell."""
-  if not waits.reachable(info.jobs["ps"][0], timeout_secs=1.0):
-    return None  # A session would wait for it without bound.
-  try:
-    return bool(run_on_ps(target, info, [0], timeout_secs,
-                          lambda: done_flags(0, info.num_workers)[replica]))
-  except tf.errors.OpError:
-    return None
-
-
 def _on_own_flags(target: str, info: cluster_lib.ClusterInfo,
                   ps_indices: list, timeout_secs: float, make_fetch):
   """Runs make_fetch([the done flags of each PS in `ps_indices`]); returns

@@ -140,7 +140,7 @@ class _WorkerWatch:
       elif now >= self._next_note and not self.gave_up(now):
         # Past the bound (a PS paused that long), the give-up line says it.
         errors.say(f"{self._who}: no worker has answered for "
-                   f"{now - self._last_answer:.0f} s ({self.describe()}); "
+                   f"{self.silent_secs(now):.0f} s ({self.describe()}); "
                    f"giving up after {self._timeout:.0f} s")
         self._next_note = now + self._note_every
     return self._answering

@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 # TF 2.21 imports Keras 3 eagerly (and Keras imports matplotlib.pyplot when it
-# is installed, as it is for `launch.sh compare`): about 0.8 s of every
+# is installed, as it is for `launch.sh compare`): about 0.6 s of CPU at every
 # task's start, for a library that has no TF1 graph API and that nothing here
 # uses. Told to route tf.keras to the legacy tf_keras package, which is not
 # installed, TF skips that import; only touching tf.keras would then fail.

@@ -159,6 +159,14 @@ class StopRequest:
     while not self._handing_over:  # Then a signal is left for execv's program.
       self.request(signal.sigwait(STOP_SIGNALS))
 
+  def finishing(self, then: str) -> None:
+    """From now on the task only does `then` (its run is finished), which a
+    signal's message names; unlike ended(), what a stop already requested
+    owes and its deadline stay: the task has not yet told the PS tasks it is
+    done."""
+    with self._lock:
+      self._then = then
+
   def ended(self, then: str = "ending") -> None:
     """The stop, if one was requested, has been carried out: the task is no
     longer blocked on another one and only does `then` (e.g. "exporting the

@@ -41,6 +41,7 @@ class Diverged(RuntimeError):
 
 
 # What a finished run still does; a signal from then on stops no training.
+CLOSING = "closing the finished run's session, then exporting it"
 FINISHING = "exporting the finished run"
 
 
@@ -244,7 +245,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
            stop: stops.StopRequest, others: peers.Peers) -> _Hooks:
   per_step = examples_per_global_step(cfg)
   throughput = hooks_lib.Throughput(cfg.train.train_steps,
-                                    not_before_step=_traced_until(cfg))
+                                    skip_steps=_traced_steps(cfg))
   progress = hooks_lib.ProgressHook(
       cfg.task_name, tg.loss, tg.global_step_read, cfg.train.train_steps,
       per_step,
@@ -288,30 +289,35 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
   result = hooks_lib.ResultHook(
       tg.evaluate, tg.global_step, throughput, per_step, _result_fields(cfg),
       cfg.train.log_dir, progress,
-      on_written=lambda: stop.ended(FINISHING))
+      on_written=lambda: stop.finishing(CLOSING))
   every_replica.append(result)  # Last: after the final checkpoint and release.
   return _Hooks(every_replica, chief_only, progress, result, stall_watch)
 
 
-def _traced_until(cfg: config_lib.Config) -> int:
-  """The global step by which every worker has traced its --trace_steps
-  (TraceHook), were they all to run at the same speed; 0 without tracing.
+def _traced_steps(cfg: config_lib.Config) -> int:
+  """Global steps from a process's first until every worker has traced its
+  --trace_steps (TraceHook counts its own steps), were they all to run at
+  the same speed; 0 without tracing.
 
-  The chief says so when that leaves no steady window to measure the speed
-  in: the traced steps run slower, and so would the speed in result.json.
+  The chief says so when a fresh run is too short to measure its speed
+  after them: steps_per_sec then falls back to the whole run.
   """
   if not cfg.train.trace_steps:
     return 0
-  own_steps = tracing.SKIP_STEPS + cfg.train.trace_steps + 1  # +1: the write
-  until = own_steps * cfg.num_workers
-  if cfg.is_chief and until >= 0.9 * cfg.train.train_steps:
-    errors.warn(f"--trace_steps={cfg.train.trace_steps} traces steps until "
-                f"about global step {until} of --train_steps="
-                f"{cfg.train.train_steps}, which leaves no steady steps to "
-                "measure: steps_per_sec in result.json counts the slower "
-                f"traced steps; with --train_steps={10 * until} or more it "
-                "would not")
-  return until
+  own_steps = tracing.SKIP_STEPS + cfg.train.trace_steps
+  # A global step takes one step of each async worker, or
+  # replicas_to_aggregate steps of the sync ones together.
+  per_global_step = (cfg.train.replicas_to_aggregate
+                     if cfg.train.sync_replicas else 1)
+  steps = -(-own_steps * cfg.num_workers // per_global_step)
+  if cfg.is_chief and steps >= cfg.train.train_steps - 1:
+    errors.warn(f"--trace_steps={cfg.train.trace_steps} traces about the "
+                f"first {steps} global steps, and --train_steps="
+                f"{cfg.train.train_steps} leaves none after them: "
+                "steps_per_sec in result.json counts the slower traced "
+                f"steps; with --train_steps={10 * steps} or more it would "
+                "not")
+  return steps
 
 
 def _sync_replica(cfg, tg: train_graph.TrainGraph, target: str

@@ -207,7 +207,7 @@ class BenchTableTest(absltest.TestCase):
     busy = bench.busy_cores(0.5)
     stop.set()
     spinning.join()
-    self.assertBetween(idle, 0.0, 2.0)
+    self.assertBetween(idle, 0.0, os.cpu_count())
     # One thread of Python spins one core (other work on the machine may add to it).
     self.assertGreater(busy, 0.6)
 

@@ -299,6 +299,14 @@ class ConfigTest(parameterized.TestCase):
     cfg = config.from_flag_values(_values(log_dir="/tmp/mine"), "", now=0)
     self.assertEqual(cfg.train.log_dir, "/tmp/mine")
 
+  def test_a_log_dir_tf_would_read_as_a_pattern_is_refused(self):
+    with self.assertRaises(config.ConfigError) as raised:
+      config.from_flag_values(_values(log_dir="runs/lr[0.1]"), "", now=0)
+    self.assertEqual(str(raised.exception), (
+        "--log_dir=runs/lr[0.1]: TensorFlow finds checkpoints by pattern, so one under a path "
+        "with [ in it is never found (a restart would start over); accepted: a path without "
+        "* ? [ or \\"))
+
   @parameterized.named_parameters(
       ("worker_0", _WORKER_0, ""),
       ("tf_config_chief", {}, _KF_CHIEF),

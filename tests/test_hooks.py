@@ -46,14 +46,23 @@ class ThroughputTest(absltest.TestCase):
     self.assertEqual(measured["measured_from_step"], 11)
     self.assertAlmostEqual(measured["measured_secs"], 8.9)
 
-  def test_traced_steps_are_left_out_too(self):
-    clock = FakeClock()
-    throughput = hooks.Throughput(train_steps=100, clock=clock, not_before_step=31)
-    self.run_steps(throughput, clock, range(1, 31), secs_per_step=1.0)  # Traced: slow.
-    self.run_steps(throughput, clock, range(31, 101), secs_per_step=0.1)
-    # From step 31, not 10: 69 steps in 6.9 s.
-    self.assertAlmostEqual(throughput.steps_per_sec(), 10.0)
-    self.assertEqual(throughput.measured()["measured_from_step"], 31)
+  def test_traced_steps_are_left_out_too_from_where_the_process_started(self):
+    # A fresh run from step 1, and one resumed at 9901: 30 traced steps after each start.
+    for first, last, seen in ((1, 100, 31), (9901, 10_000, 9931)):
+      with self.subTest(first=first):
+        clock = FakeClock()
+        throughput = hooks.Throughput(train_steps=last, clock=clock, skip_steps=30)
+        self.run_steps(throughput, clock, range(first, first + 30), secs_per_step=1.0)  # Traced.
+        self.run_steps(throughput, clock, range(first + 30, last + 1), secs_per_step=0.1)
+        # Not from 10% of the steps left: without the traced steps, 10 steps/s.
+        self.assertAlmostEqual(throughput.steps_per_sec(), 10.0)
+        self.assertEqual(throughput.measured()["measured_from_step"], seen)
+
+  def test_one_step_timed_has_no_window(self):
+    throughput = hooks.Throughput(train_steps=10, clock=FakeClock())
+    throughput.observe(10)
+    self.assertIsNone(throughput.steps_per_sec())
+    self.assertEqual(throughput.measured(), {"measured_from_step": None, "measured_secs": None})
 
   def test_a_resumed_run_measures_from_where_it_started(self):
     clock = FakeClock()

@@ -241,19 +241,26 @@ class LocalTrainingTest(absltest.TestCase):
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
       result = self.train("--train_steps=80", "--trace_steps=5")
-    # Traced: steps 20-24 of this worker, then the write (step 25): the window starts at 26,
-    # not at 10% of the run.
-    self.assertEqual(result["measured_from_step"], 26)
+    # Traced: this worker's steps 21-25 (after 20), the trace written as the last one ends.
+    # Steps are seen by the global step they read (0 first), so the window starts at the end of
+    # the step that read 25, the first untraced one, not at 10% of the run.
+    self.assertEqual(result["measured_from_step"], 25)
     self.assertGreater(result["measured_secs"], 0)
     self.assertNotIn("warning", stderr.getvalue())
-    short = testutil.make_config("--train_steps=28", "--trace_steps=5")
-    with contextlib.redirect_stderr(stderr):
-      self.assertEqual(trainer._traced_until(short), 26)  # pylint: disable=protected-access
+    for steps in (27, 26):
+      short = testutil.make_config(f"--train_steps={steps}", "--trace_steps=5")
+      with contextlib.redirect_stderr(stderr):
+        self.assertEqual(trainer._traced_steps(short), 25)  # pylint: disable=protected-access
+    # 27 leaves steps 26 and 27 after the 25 traced ones: a window. 26 leaves none.
     self.assertEqual(stderr.getvalue(), (
-        "ps_trainer: warning: --trace_steps=5 traces steps until about global step 26 of "
-        "--train_steps=28, which leaves no steady steps to measure: steps_per_sec in "
-        "result.json counts the slower traced steps; with --train_steps=260 or more it would "
-        "not\n"))
+        "ps_trainer: warning: --trace_steps=5 traces about the first 25 global steps, and "
+        "--train_steps=26 leaves none after them: steps_per_sec in result.json counts the "
+        "slower traced steps; with --train_steps=250 or more it would not\n"))
+    # Two sync workers make one global step together; two async ones, one each.
+    hosts = ("--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:3",
+             "--job_name=worker", "--task_index=1", "--trace_steps=5", f"--log_dir={self.log_dir}")
+    self.assertEqual(trainer._traced_steps(testutil.make_config(*hosts)), 50)  # pylint: disable=protected-access
+    self.assertEqual(trainer._traced_steps(testutil.make_config(*hosts, "--sync_replicas")), 25)  # pylint: disable=protected-access
 
   def test_cnn_on_digits_learns(self):
     result = self.train("--train_steps=150", "--model=cnn")

@@ -73,7 +73,7 @@ class Row:
   label: str
   steps_per_sec: List[float]
   examples_per_sec: List[float]
-  measured_secs: List[float]  # each run's window of steady steps
+  measured_secs: List[Optional[float]]  # each run's window of steady steps
   split: Optional[dict]   # mean tracing split of the first run, if traced
   accuracy: Optional[float]
 
@@ -141,7 +141,8 @@ def busy_cores(secs: float = 1.0) -> Optional[float]:
   /proc/stat); None where that cannot be read."""
   def totals():
     with open("/proc/stat") as f:
-      fields = [int(v) for v in f.readline().split()[1:]]
+      # user nice system idle iowait irq softirq steal; guest time is in user.
+      fields = [int(v) for v in f.readline().split()[1:9]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
     return sum(fields), idle
   try:
@@ -189,12 +190,19 @@ def _speed_lines(result: dict) -> List[str]:
   lines = [header, "-" * len(header)]
   for run in result["runs"]:
     each = run["steps_per_sec_each"]
-    spread = (f"({min(each):.0f}-{max(each):.0f})" if len(each) > 1 else "")
+    digits = 0 if min(each) >= 100 else 1 if min(each) >= 10 else 2
+    spread = (f"({min(each):.{digits}f}-{max(each):.{digits}f})"
+              if len(each) > 1 else "")
     lines.append(
         f"{run['label']:<28}{len(each):>5}{run['steps_per_sec']:>9.1f}  "
         f"{spread:<13}{run['examples_per_sec']:>10.0f}"
-        f"{run['vs_local']:>10.2f}{run['ms_per_step']:>9.2f}")
+        f"{_figure(run['vs_local'], 10)}{_figure(run['ms_per_step'], 9)}")
   return lines
+
+
+def _figure(value: Optional[float], width: int) -> str:
+  """A figure to two decimals, right-aligned; "-" for one not measured."""
+  return f"{'-' if value is None else format(value, '.2f'):>{width}}"
 
 
 def _split_lines(result: dict) -> List[str]:
@@ -209,9 +217,9 @@ def _split_lines(result: dict) -> List[str]:
       continue
     ms = split["ms"]
     lines.append(
-        f"{run['label']:<28}{split['wall_ms']:>7.2f}"
+        f"{run['label']:<28}{_figure(split.get('wall_ms'), 7)}"
         f"{ms['compute']:>9.2f}{ms['ps']:>7.2f}{ms['transfer']:>10.2f}"
-        f"{ms['other']:>7.2f}{split['outside_ms']:>9.2f}   "
+        f"{ms['other']:>7.2f}{_figure(split.get('outside_ms'), 9)}   "
         f"{split['bytes_to_worker'] / 1e6:.2f} / "
         f"{split['bytes_to_ps'] / 1e6:.2f}")
   return lines
@@ -258,10 +266,10 @@ def table(result: dict) -> str:
       "about twice that per step.",
       "examples/s: every aggregated replica's batch counts.",
       "traced step: the chief's mean over its traced steps, slower than "
-      "untraced ones; 'step' is",
-      "  its session.run: its ops (compute, PS, transfer, other) and what "
-      "TF's session and master do",
-      "  before the first op and after the last ('outside')."]
+      "untraced ones; 'step' is its",
+      "  session.run with the other hooks' work around it: its ops (compute, "
+      "PS, transfer, other),",
+      "  and 'outside' them, TF's session and master and the hooks."]
   return "\n".join(lines + _warnings(result))
 
 
