@@ -102,6 +102,28 @@ class StopRequestTest(absltest.TestCase):
         ("still exporting the finished run 0 s after SIGTERM", 143)])
 
 
+  def test_a_finished_run_still_owes_its_last_resorts_and_a_pending_stops_bound(self):
+    # result.json is written; the session's close and the done flags are still to come.
+    stop = stop_fakes.RecordingStop("chief", grace_secs=0.3)
+    stop.add_last_resort(lambda: None, "telling the PS tasks this worker is done")
+    with contextlib.redirect_stdout(io.StringIO()):
+      stop.request(signal.SIGINT)  # In the run's last step.
+    stop.finishing("closing the finished run's session, then exporting it")
+    self.assertLen(stop._last_resorts, 1)  # pylint: disable=protected-access
+    deadline = time.monotonic() + 10
+    while not stop.forced and time.monotonic() < deadline:
+      time.sleep(0.05)  # The close hangs: the SIGINT's grace still ends it.
+    self.assertEqual(stop.forced, [
+        ("still not stopped 0 s after SIGINT (blocked waiting for another task)", 130)])
+
+  def test_a_signal_once_the_run_is_finished_names_what_it_interrupts(self):
+    stop = stop_fakes.RecordingStop("chief", grace_secs=20)
+    stop.finishing("closing the finished run's session, then exporting it")
+    said = self.request(stop, signal.SIGINT)
+    self.assertEqual(said, "chief: got SIGINT while closing the finished run's session, then "
+                     "exporting it: exiting in at most 20 s\n")
+
+
 class _Writes(io.StringIO):
   """A stream that keeps each write() apart."""
 
