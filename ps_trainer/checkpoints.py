@@ -62,8 +62,10 @@ def relocate(log_dir: str) -> Optional[str]:
   newest = state.model_checkpoint_path
   named = os.path.dirname(newest)
   moved = os.path.realpath(named) != os.path.realpath(log_dir)
-  if not _exists(_in(log_dir, newest)):
-    raise MissingCheckpointError(_missing(log_dir, newest, state, moved))
+  lacking = _missing_files(_in(log_dir, newest))
+  if lacking:
+    raise MissingCheckpointError(
+        _missing(log_dir, newest, state, moved, lacking))
   if not moved:
     return None
   # The older ones too: the saver deletes them by these names (max_to_keep).
@@ -76,10 +78,11 @@ def relocate(log_dir: str) -> Optional[str]:
   return named
 
 
-def _missing(log_dir: str, newest: str, state, moved: bool) -> str:
-  """The one line for a newest checkpoint that is gone or not whole."""
+def _missing(log_dir: str, newest: str, state, moved: bool,
+             lacking: list) -> str:
+  """The one line for a newest checkpoint that is gone or not whole (its
+  files `lacking`)."""
   base = os.path.basename(newest)
-  lacking = _missing_files(_in(log_dir, newest))
   if moved and lacking == [base + ".index", base + ".data-*"]:  # No file.
     return (f"--log_dir={log_dir}: its checkpoint file names {newest}, and "
             f"{base} is not in --log_dir (moved or copied without it?); put "

@@ -121,8 +121,10 @@ class Peers:
     connections, has not said on PS 0 that it is done (finished or stopped)
     and is not back within CHIEF_BACK_SECS (a chief starting itself again);
     else "". Each look is bounded: the stall watch has ended."""
-    chief = self._chief() if self._info is not None else {}
-    if self._info is None or self._info.is_chief or not waits.unreachable(chief):
+    if self._info is None or self._info.is_chief:
+      return ""
+    chief = self._chief()
+    if not waits.unreachable(chief):
       return ""
     said_done = ps_runs.PsRuns(self._target, self._info, timeout_secs=5.0).run(
         0, lambda: ps_flags.done_flags(0, self._info.num_workers)[0],

@@ -69,19 +69,17 @@ class StepSplit:
   ms: dict
   bytes_to_worker: int
   bytes_to_ps: int
-  wall_ms: Optional[float] = None
+  wall_ms: float
 
   @property
-  def outside_ms(self) -> Optional[float]:
-    if self.wall_ms is None:
-      return None
+  def outside_ms(self) -> float:
     # Clocks of other hosts may not agree with this one's.
     return max(self.wall_ms - self.total_ms, 0.0)
 
 
-def split_step(step_stats, wall_ms: Optional[float] = None) -> StepSplit:
+def split_step(step_stats, wall_ms: float) -> StepSplit:
   """Splits one step's time (see StepSplit) from its RunMetadata.step_stats
-  and, if known, the wall time of its session.run."""
+  and the wall time TraceHook took of it."""
   intervals = {name: [] for name in CATEGORIES}
   bytes_to_worker = bytes_to_ps = 0
   start, end = None, None
@@ -135,13 +133,12 @@ def _attribute(intervals: dict, start: int, end: int) -> dict:
 def mean_split(splits: Iterable[StepSplit]) -> StepSplit:
   splits = list(splits)
   n = max(len(splits), 1)
-  walls = [s.wall_ms for s in splits]
   return StepSplit(
       total_ms=sum(s.total_ms for s in splits) / n,
       ms={name: sum(s.ms[name] for s in splits) / n for name in CATEGORIES},
       bytes_to_worker=sum(s.bytes_to_worker for s in splits) // n,
       bytes_to_ps=sum(s.bytes_to_ps for s in splits) // n,
-      wall_ms=(sum(walls) / n if splits and None not in walls else None))
+      wall_ms=sum(s.wall_ms for s in splits) / n)
 
 
 def as_json(split: StepSplit, steps: int) -> dict:
@@ -155,25 +152,19 @@ def describe(split: StepSplit) -> str:
   0.15, other 0.05), outside them 0.60; 1.08 MB to the worker, ...'"""
   parts = ", ".join(f"{'PS' if name == 'ps' else name} {split.ms[name]:.2f}"
                     for name in CATEGORIES)
-  if split.wall_ms is None:
-    timing = f"{split.total_ms:.2f} ms per step in ops: {parts}"
-  else:
-    timing = (f"{split.wall_ms:.2f} ms per traced step: in ops "
-              f"{split.total_ms:.2f} ({parts}), outside them "
-              f"{split.outside_ms:.2f}")
-  return (f"{timing}; {split.bytes_to_worker / 1e6:.2f} MB to the worker, "
-          f"{split.bytes_to_ps / 1e6:.2f} MB to the PS")
+  return (f"{split.wall_ms:.2f} ms per traced step: in ops "
+          f"{split.total_ms:.2f} ({parts}), outside them "
+          f"{split.outside_ms:.2f}; {split.bytes_to_worker / 1e6:.2f} MB to "
+          f"the worker, {split.bytes_to_ps / 1e6:.2f} MB to the PS")
 
 
 def _event_name(node) -> str:
   """An op's name; a receive's names the task it came from."""
   match = _RPC_LABEL.match(node.timeline_label or "")
   if match:
-    source = match.group(1)
-    job = re.search(r"/job:(\w+)", source)
-    task = re.search(r"/task:(\d+)", source)
-    if job and task:
-      return f"{node.node_name} from {job.group(1)} {task.group(1)}"
+    source = tf.DeviceSpec.from_string(match.group(1))
+    if source.job and source.task is not None:
+      return f"{node.node_name} from {source.job} {source.task}"
   return node.node_name
 
 
