@@ -58,6 +58,20 @@ def _mlp(features, hidden_units):
   return net
 
 
+class _FinalGlobalStep(tf.compat.v1.train.SessionRunHook):
+  """Reads the global step once the loop has ended. The step's own fetch of
+  it races the increment (the pattern's `run([train_op, global_step])` often
+  returns the value from before the update), so the last one fetched can be
+  one short."""
+
+  def begin(self):
+    self._global_step = tf.compat.v1.train.get_global_step()
+    self.value = None
+
+  def end(self, session):
+    self.value = int(session.run(self._global_step))
+
+
 def main(unused_argv):
   tf.compat.v1.disable_eager_execution()
   hidden_units = [int(u) for u in FLAGS.hidden_units.split(",")]
@@ -82,7 +96,9 @@ def main(unused_argv):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     train_op = tf.compat.v1.train.GradientDescentOptimizer(
         FLAGS.learning_rate).minimize(loss, global_step=global_step)
-  hooks = [tf.compat.v1.train.StopAtStepHook(last_step=FLAGS.train_steps)]
+  final_step = _FinalGlobalStep()
+  hooks = [tf.compat.v1.train.StopAtStepHook(last_step=FLAGS.train_steps),
+           final_step]
   marks = []  # (time, global step) after each step
   with tf.compat.v1.train.MonitoredTrainingSession(
       master=target, is_chief=is_chief, hooks=hooks,
@@ -102,7 +118,7 @@ def main(unused_argv):
       steps_per_sec = _steady_rate(marks)
       json.dump({"steps_per_sec": steps_per_sec,
                  "examples_per_sec": steps_per_sec * FLAGS.batch_size,
-                 "global_step": marks[-1][1] if marks else 0}, f)
+                 "global_step": final_step.value}, f)
 
 
 def _steady_rate(marks) -> float:
