@@ -154,7 +154,7 @@ class FinishedRunTest(absltest.TestCase):
 
 class BenchTableTest(absltest.TestCase):
 
-  def result(self, rates, measured_secs=30.0, busy=0.1, split=None):
+  def result(self, rates, measured_secs=30.0, busy=0.1, split=None, changed=()):
     """bench.json's figures for label -> the steps/s of each of its runs."""
     local = statistics.median(rates["local (1 process)"])
     runs = [dict(label=label, steps_per_sec=statistics.median(each),
@@ -165,6 +165,7 @@ class BenchTableTest(absltest.TestCase):
             for label, each in rates.items()]
     by_label = {run["label"]: run["steps_per_sec"] for run in runs}
     return {"runs": runs, "busy_cores_at_start": busy, "cores": 2,
+            "changed_from_reference": list(changed),
             "cluster_vs_local": by_label["1 PS + 1 worker"] / local,
             "cluster_vs_plain_tf1": (by_label["1 PS + 1 worker"]
                                      / by_label["plain TF1, 1 PS + 1 worker"])}
@@ -176,6 +177,27 @@ class BenchTableTest(absltest.TestCase):
     self.assertIn("1 PS + 1 worker / local: 0.499 (target >= 0.5: NOT met)", lines)
     self.assertIn("1 PS + 1 worker / plain TF1: 1.999x (target >= 2.0x: NOT met)", lines)
     self.assertEmpty([line for line in lines if line.startswith("warning")])
+
+  def test_the_targets_are_judged_on_the_reference_work_only(self):
+    lines = bench.table(self.result({
+        "local (1 process)": [1252.3], "1 PS + 1 worker": [627.4],
+        "plain TF1, 1 PS + 1 worker": [284.4]},
+        changed=["--wire_dtype=bfloat16"])).splitlines()
+    self.assertIn("1 PS + 1 worker / local: 0.501", lines)
+    self.assertIn("1 PS + 1 worker / plain TF1: 2.206x", lines)
+    self.assertIn("targets (>= 0.5 of local, >= 2.0x plain TF1): not judged; they are for the "
+                  "reference work, and this one sets --wire_dtype=bfloat16", lines)
+    self.assertEmpty([line for line in lines if "met" in line])
+
+  def test_what_changes_the_reference_work(self):
+    reference = dict(bench.REFERENCE_WORK)
+    # How long the runs measure, and a trainer default spelled out, leave it the reference.
+    self.assertEqual(bench.changed_from_reference(
+        dict(reference, train_steps="10000", learning_rate="0.010", wire_dtype="float32",
+             factored_gradients="true")), [])
+    self.assertEqual(bench.changed_from_reference(
+        dict(reference, hidden_units="64,64", wire_dtype="bfloat16")),
+        ["--hidden_units=64,64", "--wire_dtype=bfloat16"])
 
   def test_each_row_says_how_many_runs_and_their_range_and_the_split_its_parts(self):
     split = {"total_ms": 1.5, "wall_ms": 2.07, "outside_ms": 0.57,
@@ -256,6 +278,9 @@ class BenchTest(absltest.TestCase):
                                                   "result.json")), name)
     self.assertTrue(os.path.exists(os.path.join(bench_dir, "cluster-0",
                                                 "traces", "chief.json")))
+    # The plain pattern's one worker stops at --train_steps, and says so.
+    with open(os.path.join(bench_dir, "plain-0", "result.json")) as f:
+      self.assertEqual(json.load(f)["global_step"], 300)
 
 
 class CompareTest(absltest.TestCase):
