@@ -201,7 +201,7 @@ class BenchTableTest(absltest.TestCase):
 
   def test_each_row_says_how_many_runs_and_their_range_and_the_split_its_parts(self):
     split = {"total_ms": 1.5, "wall_ms": 2.07, "outside_ms": 0.57,
-             "ms": {"compute": 0.9, "ps": 0.4, "transfer": 0.15, "other": 0.05},
+             "ms": {"compute": 0.8, "input": 0.1, "ps": 0.4, "transfer": 0.15, "other": 0.05},
              "bytes_to_worker": 1_077_376, "bytes_to_ps": 410_000}
     lines = bench.table(self.result({
         "local (1 process)": [1011.0, 1262.0, 1276.0], "1 PS + 1 worker": [569.0, 460.0, 484.0],
@@ -213,8 +213,8 @@ class BenchTableTest(absltest.TestCase):
     self.assertEqual(async_row.split()[6:8], ["1", "467.8"])  # One run: no range.
     self.assertNotIn("(", async_row)
     split_row = [line for line in lines if line.startswith("1 PS + 1 worker ")][1]
-    self.assertEqual(split_row.split()[5:], ["2.07", "0.90", "0.40", "0.15", "0.05", "0.57",
-                                             "1.08", "/", "0.41"])
+    self.assertEqual(split_row.split()[5:], ["2.07", "0.80", "0.10", "0.40", "0.15", "0.05",
+                                             "0.57", "1.08", "/", "0.41"])
 
   def test_busy_cores_counts_work_running_now(self):
     idle = bench.busy_cores(0.5)

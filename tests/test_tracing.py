@@ -43,22 +43,28 @@ class SplitStepTest(absltest.TestCase):
         # "0.2MB" (of 2**20 bytes); its output holds them exactly.
         (WORKER, "RecvTensor", "[0.2MB] [100.0Mb/s] edge_3_w from /job:ps/x to",
          2500, 500, 209_715),
-        # 5000-6000: the PS receives the gradient and applies it; the gap
-        # 4000-5000 is "other".
+        # 4000-4300: the worker waits for its next batch (the input thread
+        # has not drawn it yet), overlapping nothing but the gap; the rest of
+        # the gap, 4300-5000, is "other".
+        (WORKER, "input/IteratorGetNext", "IteratorGetNext", 4000, 300, 0),
+        # 5000-6000: the PS receives the gradient and applies it; the wait for
+        # a batch overlapping the apply counts as input.
         (PS, "recv_g", "_Recv", 5000, 500, 400_000),
         (PS, "apply", "ResourceApplyGradientDescent", 5500, 500, 0),
+        (WORKER, "IteratorGetNext_1", "IteratorGetNext", 5800, 100, 0),
     ]), wall_ms=7.5)
     self.assertAlmostEqual(split.total_ms, 6.0)
-    self.assertAlmostEqual(split.ms["ps"], 1.5)
+    self.assertAlmostEqual(split.ms["ps"], 1.4)  # 0-1000, 5500-5800, 5900-6000
     self.assertAlmostEqual(split.ms["transfer"], 1.5)  # 1000-2000, 5000-5500
     self.assertAlmostEqual(split.ms["compute"], 2.0)
-    self.assertAlmostEqual(split.ms["other"], 1.0)
+    self.assertAlmostEqual(split.ms["input"], 0.4)
+    self.assertAlmostEqual(split.ms["other"], 0.7)
     self.assertAlmostEqual(split.outside_ms, 1.5)
     self.assertEqual(split.bytes_to_worker, 1_209_715)
     self.assertEqual(split.bytes_to_ps, 400_000)
-    self.assertEqual("7.50 ms per traced step: in ops 6.00 (compute 2.00, PS 1.50, transfer "
-                     "1.50, other 1.00), outside them 1.50; 1.21 MB to the worker, 0.40 MB to "
-                     "the PS", tracing.describe(split))
+    self.assertEqual("7.50 ms per traced step: in ops 6.00 (compute 2.00, input 0.40, PS 1.40, "
+                     "transfer 1.50, other 0.70), outside them 1.50; 1.21 MB to the worker, "
+                     "0.40 MB to the PS", tracing.describe(split))
 
   def test_mean_of_steps(self):
     one = tracing.split_step(_step([(WORKER, "a", "MatMul", 0, 1000, 0)]), wall_ms=1.5)

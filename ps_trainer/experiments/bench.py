@@ -223,7 +223,7 @@ def _figure(value: Optional[float], width: int) -> str:
 
 def _split_lines(result: dict) -> List[str]:
   header = (f"{'traced step (first run), ms':<28}{'step':>7}{'compute':>9}"
-            f"{'PS':>7}{'transfer':>10}{'other':>7}{'outside':>9}"
+            f"{'input':>7}{'PS':>7}{'transfer':>10}{'other':>7}{'outside':>9}"
             f"   MB in / out")
   lines = [header, "-" * len(header)]
   for run in result["runs"]:
@@ -234,7 +234,8 @@ def _split_lines(result: dict) -> List[str]:
     ms = split["ms"]
     lines.append(
         f"{run['label']:<28}{_figure(split.get('wall_ms'), 7)}"
-        f"{ms['compute']:>9.2f}{ms['ps']:>7.2f}{ms['transfer']:>10.2f}"
+        f"{ms['compute']:>9.2f}{ms['input']:>7.2f}{ms['ps']:>7.2f}"
+        f"{ms['transfer']:>10.2f}"
         f"{ms['other']:>7.2f}{_figure(split.get('outside_ms'), 9)}   "
         f"{split['bytes_to_worker'] / 1e6:.2f} / "
         f"{split['bytes_to_ps'] / 1e6:.2f}")
@@ -294,8 +295,9 @@ def table(result: dict) -> str:
       "traced step: the chief's mean over its traced steps, slower than "
       "untraced ones; 'step' is its",
       "  session.run with the other hooks' work around it: its ops (compute, "
-      "PS, transfer, other),",
-      "  and 'outside' them, TF's session and master and the hooks."]
+      "input: waiting for the",
+      "  next batch, PS, transfer, other), and 'outside' them, TF's session "
+      "and master and the hooks."]
   return "\n".join(lines + _warnings(result))
 
 
