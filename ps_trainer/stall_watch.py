@@ -28,9 +28,13 @@ START_TIMEOUTS = 4
 
 # What a task does outside its steps, each bounded as above.
 _STARTING, _AFTER_STEP, _ENDING = "starting", "after a step", "ending"
-# What TF does at the end of a run, one call after another.
-_ENDING_CALLS = ("the final checkpoint, the test split's evaluation, closing "
-                 "the session or telling the PS tasks this worker is done")
+# What TF does at the end of a run, one call after another: on the chief, and
+# on another worker, which neither saves nor evaluates.
+_CHIEF_ENDING_CALLS = ("the final checkpoint, the test split's evaluation, "
+                       "closing the session or telling the PS tasks this "
+                       "worker is done")
+_WORKER_ENDING_CALLS = ("closing the session or telling the PS tasks this "
+                        "worker is done")
 
 
 class StallWatchHook(tf.compat.v1.train.SessionRunHook):
@@ -86,6 +90,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     clock: the monotonic clock of every bound (tests pass their own).
     start_peers: () -> the peers a session start needs, e.g. "ps 0 at
       10.0.0.1:2222"; None: session starts are not bounded.
+    is_chief: whether the end of the run saves and evaluates too (what its
+      notes name).
   """
 
   def __init__(self, stop: stops.StopRequest, what: Callable[[], str],
@@ -96,8 +102,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                silent_when_named: Callable[[], bool] = lambda: False,
                hang_restarts: bool = False,
                sync_replica: Optional[hung_step.SyncReplica] = None,
+               is_chief: bool = True,
                clock: Callable[[], float] = time.monotonic):
     self._stop = stop
+    self._ending_calls = (_CHIEF_ENDING_CALLS if is_chief
+                          else _WORKER_ENDING_CALLS)
     self._what = what
     self._restart_if = restart_if
     self._silent_when_named = silent_when_named
@@ -240,8 +249,8 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     next_note = self._ending_noted[1]
     if waited >= next_note:
       errors.say(f"{self._stop.who}: the end of the run has waited "
-                 f"{waited:.0f} s for TensorFlow ({_ENDING_CALLS}); giving up "
-                 f"after {self._outside_steps_timeout:.0f} s")
+                 f"{waited:.0f} s for TensorFlow ({self._ending_calls}); "
+                 f"giving up after {self._outside_steps_timeout:.0f} s")
       self._ending_noted = (outside, next_note + self._note_every)
 
   def _gave_up_outside_steps(self) -> bool:
@@ -267,8 +276,9 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         _AFTER_STEP: (f"in the work after a step (a checkpoint save?) "
                       f"{bound}: {not_serving}"),
         _ENDING: (
-            f"waiting for TensorFlow at the end of the run ({_ENDING_CALLS}) "
-            f"{bound}: {not_serving}; the newest checkpoint is kept"),
+            f"waiting for TensorFlow at the end of the run "
+            f"({self._ending_calls}) {bound}: {not_serving}; the newest "
+            "checkpoint is kept"),
     }[kind]
     self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
     return True

@@ -305,6 +305,27 @@ class SessionStartBoundTest(absltest.TestCase):
         f"chief: the end of the run has waited 20 s for TensorFlow ({calls}); giving up after "
         "80 s"])
 
+  def test_another_workers_note_names_only_the_calls_it_makes(self):
+    # Only the chief writes the final checkpoint and evaluates the test split.
+    now = [0.0]
+    stop = stop_fakes.RecordingStop("worker 1")
+    hook = stall_watch.StallWatchHook(stop, lambda: "the PS tasks", timeout_secs=20.0,
+                                      start_peers=lambda: "ps 0 at h:1", is_chief=False,
+                                      clock=lambda: now[0])
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      hook.end(None)
+      now[0] = 10.0
+      hook._note_ending()  # pylint: disable=protected-access
+      now[0] = 80.0
+      self.assertTrue(hook._gave_up_outside_steps())  # pylint: disable=protected-access
+    self.assertEqual(output.getvalue().splitlines(), [
+        "worker 1: the end of the run has waited 10 s for TensorFlow (closing the session or "
+        "telling the PS tasks this worker is done); giving up after 80 s"])
+    self.assertEqual(len(stop.forced), 1, stop.forced)
+    self.assertIn("at the end of the run (closing the session or telling the PS tasks this "
+                  "worker is done) (at most 80 s", str(stop.forced[0]))
+
   def test_an_end_of_run_whose_calls_return_may_take_longer(self):
     # A big test split takes many batches: each may take the bound, not all of them together.
     stop = stop_fakes.RecordingStop("chief")
