@@ -134,9 +134,9 @@ class Throughput:
   def measured(self) -> dict:
     """Where steps_per_sec was measured: the global step it starts from and
     its seconds (a window of a few seconds is not a steady speed)."""
-    start, end = self._window() if self._last else (None, None)
-    if start is None or end[0] <= start[0]:  # steps_per_sec() is None too.
+    if self.steps_per_sec() is None:
       return {"measured_from_step": None, "measured_secs": None}
+    start, end = self._window()
     return {"measured_from_step": start[1], "measured_secs": end[0] - start[0]}
 
   def wall_secs(self) -> Optional[float]:

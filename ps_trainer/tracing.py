@@ -69,11 +69,11 @@ class StepSplit:
   once, for the first of CATEGORIES busy at that moment: worker compute, then
   input (the worker waiting for its next batch), then PS ops (reads,
   applies), then transfers (receives waiting for tensors), else "other" (gaps
-  between ops: RPC latency, scheduling). wall_ms is the
-  step as TraceHook sees it: the session.run, and the work of the hooks
-  around it (a checkpoint save, if one falls in a traced step); what it holds
-  beyond total_ms passes before the first op or after the last (TF's session
-  and master setting the step up and collecting it, the hooks).
+  between ops: RPC latency, scheduling). wall_ms is the step as TraceHook
+  sees it: the session.run, and the work of the hooks around it (a
+  checkpoint save, if one falls in a traced step); what it holds beyond
+  total_ms passes before the first op or after the last (TF's session and
+  master setting the step up and collecting it, the hooks).
   """
   total_ms: float
   ms: dict

@@ -233,10 +233,10 @@ def _split_lines(result: dict) -> List[str]:
       continue
     ms = split["ms"]
     lines.append(
-        f"{run['label']:<28}{_figure(split.get('wall_ms'), 7)}"
+        f"{run['label']:<28}{split['wall_ms']:>7.2f}"
         f"{ms['compute']:>9.2f}{ms['input']:>7.2f}{ms['ps']:>7.2f}"
-        f"{ms['transfer']:>10.2f}"
-        f"{ms['other']:>7.2f}{_figure(split.get('outside_ms'), 9)}   "
+        f"{ms['transfer']:>10.2f}{ms['other']:>7.2f}"
+        f"{split['outside_ms']:>9.2f}   "
         f"{split['bytes_to_worker'] / 1e6:.2f} / "
         f"{split['bytes_to_ps'] / 1e6:.2f}")
   return lines
