@@ -90,6 +90,8 @@ class FiguresTest(absltest.TestCase):
       text = f.read()
     self.assertIn("| mode | steps/s | examples/s | train time (s) | wall time (s) |", text)
     self.assertIn("| async | 100.0 | 6400 | 3.0 | 10.0 |", text)
+    # The final loss is smoothed like the curves: the header says over how many steps.
+    self.assertIn("| final train loss (25-step mean) | test loss |", text)
     self.assertIn("## Gradient staleness (async)", text)
     self.assertIn("| 2 | 1 | 33.3% |", text)
     with open(js) as f:

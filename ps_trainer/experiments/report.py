@@ -148,7 +148,7 @@ def markdown(fig: dict, command: str) -> str:
       "# Async vs sync", "",
       f"Command: `{command}`", "",
       "| mode | steps/s | examples/s | train time (s) | wall time (s) | "
-      "final train loss | "
+      f"final train loss ({fig['smoothing']}-step mean) | "
       f"test loss | test accuracy | time to loss {_number(target, '.4f')} (s) | "
       "steps to it |",
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
