@@ -40,6 +40,7 @@ class Peers:
     self._stop = stop
     self._timeout = cfg.train.wait_timeout_secs
     self._gone_when_named = set()  # Whom stall_reason found not answering.
+    self._finished = False  # Whether leave() said this replica finished.
 
   def wait(self) -> None:
     """Before each session: waits, saying so, for the PS tasks, then the chief,
@@ -118,18 +119,19 @@ class Peers:
 
   def chief_gone(self) -> str:
     """"worker 0 at host:port" if this non-chief replica's chief refuses
-    connections, has not said on PS 0 that it is done (finished or stopped)
-    and is not back within CHIEF_BACK_SECS (a chief starting itself again);
-    else "". Each look is bounded: the stall watch has ended."""
+    connections, has not said on PS 0 that it finished the run (it died, or
+    was stopped before the end) and is not back within CHIEF_BACK_SECS (a
+    chief starting itself again); else "". Each look is bounded: the stall
+    watch has ended."""
     if self._info is None or self._info.is_chief:
       return ""
     chief = self._chief()
     if not waits.unreachable(chief):
       return ""
-    said_done = ps_runs.PsRuns(self._target, self._info, timeout_secs=5.0).run(
+    said = ps_runs.PsRuns(self._target, self._info, timeout_secs=5.0).run(
         0, lambda: ps_flags.done_flags(0, self._info.num_workers)[0],
         "read whether the chief said it is done")
-    if said_done is None or said_done:  # Unknown, or it left.
+    if said is None or said == ps_flags.FINISHED:  # Unknown, or it finished.
       return ""
     gone = waits.still_unreachable(chief, CHIEF_BACK_SECS)
     return waits.describe(gone) if gone else ""
@@ -168,9 +170,10 @@ class Peers:
       return
     if self._info.is_chief:
       self._stop.add_last_resort(self._save_checkpoint, "a last checkpoint")
-    # Not before a restart: the PS tasks could leave before it is back.
+    # Not before a restart: the PS tasks could leave before it is back. A
+    # replica forced out after it finished (in its export, say) still did.
     self._stop.add_last_resort(
-        lambda: self._signal_done(timeout_secs=5),
+        lambda: self._signal_done(self._finished, timeout_secs=5),
         "telling the PS tasks this worker is done", before_restart=False)
 
   def _save_checkpoint(self) -> None:
@@ -182,10 +185,14 @@ class Peers:
           global_step=tg.global_step, write_meta_graph=False)
     errors.say(f"{self._cfg.task_name}: wrote a last checkpoint {path}")
 
-  def leave(self) -> None:
-    """Tells the PS tasks this replica is done for good (finished or stopped)."""
+  def leave(self, finished: bool) -> None:
+    """Tells the PS tasks this replica is done for good: `finished` the run,
+    or stopped before its end."""
+    self._finished = finished
     if self._info is not None:
-      self._signal_done(timeout_secs=5 if self._stop.requested else 30)
+      self._signal_done(finished,
+                        timeout_secs=5 if self._stop.requested else 30)
 
-  def _signal_done(self, timeout_secs: float) -> None:
-    ps_flags.signal_done(self._target, self._info, timeout_secs=timeout_secs)
+  def _signal_done(self, finished: bool, timeout_secs: float) -> None:
+    ps_flags.signal_done(self._target, self._info, finished,
+                         timeout_secs=timeout_secs)

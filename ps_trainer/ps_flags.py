@@ -6,6 +6,12 @@ training replica sets its flag on each PS as its last act, and a PS exits
 once every flag is set (ps_task.py). The chief also reads PS 0's flags to
 learn when the other workers have finished (see sync.py). PS 0 also holds
 the sync replicas' hang vote (hang_vote.py).
+
+A flag says how its replica left: FINISHED at the run's end, STOPPED before
+it (a stop, a failure, a forced exit). It matters for the chief: async
+workers train on without it, and when they finish after the chief stopped,
+their steps since its final checkpoint are only on the PS tasks, which then
+keep them for the chief (ps_task.py) rather than leave.
 """
 
 import time
@@ -17,6 +23,10 @@ from ps_trainer import errors
 from ps_trainer import repeats
 from ps_trainer import server as server_lib
 from ps_trainer import waits
+
+# The values of a done flag; 0 while its replica trains (or never came).
+FINISHED = 1
+STOPPED = 2
 
 
 def done_flags(ps_index: int, num_workers: int) -> tf.Variable:
@@ -60,12 +70,13 @@ class DoneSignals:
     flags = done_flags(0, info.num_workers)
     others = 1 - tf.one_hot(info.replica_index, info.num_workers,
                             dtype=tf.int32)
-    self.others_done = tf.reduce_sum(flags * others)
+    self.others_done = tf.reduce_sum(tf.minimum(flags, 1) * others)
 
 
-def signal_done(target: str, info: cluster_lib.ClusterInfo,
+def signal_done(target: str, info: cluster_lib.ClusterInfo, finished: bool,
                 timeout_secs: float = 30.0) -> None:
-  """Tells every PS that answers that this replica is done.
+  """Tells every PS that answers that this replica is done: FINISHED at the
+  run's end if `finished`, else STOPPED.
 
   In a short session and graph that see only those PS tasks: creating a
   session waits for every task it sees without bound (RunOptions' timeout
@@ -82,7 +93,8 @@ def signal_done(target: str, info: cluster_lib.ClusterInfo,
     return
   try:
     _on_own_flags(target, info, answering, timeout_secs,
-                  lambda flags: _set_all(flags, info.replica_index, 1))
+                  lambda flags: _set_all(flags, info.replica_index,
+                                         FINISHED if finished else STOPPED))
   except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
           tf.errors.NotFoundError, tf.errors.FailedPreconditionError) as e:
     # A PS that went down since; it gives up on its own if need be.
@@ -196,7 +208,7 @@ class OwnFlags:
     self._session.close()
 
   def __call__(self) -> list:
-    """The replicas' flags, by replica index: 1 for each one done."""
+    """The replicas' flags, by replica index: 0, FINISHED or STOPPED."""
     return [int(flag) for flag in self._session.run(self._read)]
 
 

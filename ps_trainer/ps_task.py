@@ -25,6 +25,8 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
   started), it gives up with status 1. After a stop request (`stop`, a
   stops.StopRequest) it stays only while workers still answer, at most the
   stop's grace period, so a stopping chief can still write its checkpoint.
+  When the others finished the run after the chief was stopped, it keeps
+  their steps for the chief (ChiefKeep) up to `wait_timeout_secs`.
   """
   server = server_lib.start_server(info)
   watch = _WorkerWatch(info, wait_timeout_secs, probe_every_secs, clock)
@@ -35,12 +37,13 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
     # The flags, not their count: one replica started again (its flag
     # cleared) while another finishes leaves the count as it was.
     last = [0] * info.num_workers
+    keep = ChiefKeep(info, wait_timeout_secs)
     stop_seen = None
     next_note = None
     note_gap = straggler_note_secs
     while True:
       flags = read_flags()
-      done = sum(flags)
+      done = sum(1 for flag in flags if flag)
       now = clock()
       changed = flags != last
       if changed or (next_note is not None and now >= next_note):
@@ -56,15 +59,20 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
                    f"worker(s) done{'; waiting for ' + left if left else ''}")
         last = flags
         next_note = now + note_gap
-      if done >= info.num_workers:
+      keeping = keep.keeping(flags, now)
+      if done >= info.num_workers and not keeping:
         break
-      answering = watch.any_answering(now)
+      # Kept for a stopped chief, the workers have all left: none to probe.
+      answering = not keeping and watch.any_answering(now)
       if stop.requested:
         stop_seen = stop_seen or now
         if not answering or now - stop_seen >= stop.grace_secs:
           errors.say(f"ps {info.task_index}: stopped on {stop.signal_name} "
                      f"with {done} of {info.num_workers} worker(s) done")
           return stop.exit_status()
+      elif keeping:
+        if keep.gave_up(now):
+          return 1
       elif watch.gave_up(now):
         errors.say(f"ps {info.task_index}: giving up: no worker has answered "
                    f"for {watch.silent_secs(now):.0f} s ({watch.describe()}) "
@@ -79,6 +87,53 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
     return stop.exit_status()
   errors.say(f"ps {info.task_index}: every worker is done; exiting")
   return 0
+
+
+class ChiefKeep:
+  """Whether a PS keeps the model for a chief that was stopped while the
+  other replicas trained on (async) and then finished the run.
+
+  Their steps since the chief's final checkpoint exist only on the PS tasks:
+  leaving would lose them, and the chief started again with its command
+  would find no PS. So the PS stays, as for a chief that died, until the
+  chief is back (it clears its flag, then finishes) or `timeout_secs` have
+  passed; workers no longer answer then, so this clock, not the workers',
+  bounds it (a sparse cluster's PS has no workers to probe).
+  """
+
+  def __init__(self, info: cluster_lib.ClusterInfo, timeout_secs: float):
+    self._info = info
+    self._timeout = timeout_secs
+    self._since = None
+
+  def keeping(self, flags: list, now: float) -> bool:
+    chief_stopped = flags[0] == ps_flags.STOPPED
+    if chief_stopped and ps_flags.FINISHED in flags[1:] and all(flags):
+      if self._since is None:
+        self._since = now
+        errors.say(
+            f"ps {self._info.task_index}: every worker is done, but the "
+            f"chief ({self._chief()}) was stopped before the run's end: "
+            "keeping the steps trained since its final checkpoint until it "
+            "is started again with its command to save them (giving up "
+            f"after --wait_timeout_secs={self._timeout:g})")
+      return True
+    self._since = None
+    return False
+
+  def gave_up(self, now: float) -> bool:
+    if now - self._since < self._timeout:
+      return False
+    errors.say(
+        f"ps {self._info.task_index}: giving up: the chief was not started "
+        f"again within --wait_timeout_secs={self._timeout:g}; the steps "
+        "trained since its final checkpoint are lost; exiting with status 1")
+    return True
+
+  def _chief(self) -> str:
+    name = self._info.replica_name(0)
+    address = self._info.replica_addresses().get(name)
+    return f"{name} at {address}" if address else name
 
 
 def not_done_names(info: cluster_lib.ClusterInfo, flags: list,

@@ -122,9 +122,13 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     try:
       _run_session(cfg, tg, target, session_config, hooks, others, stop)
     except (Diverged, waits.Stopped):
-      _leave(others, hooks.stall_watch)
+      _leave(others, hooks.stall_watch, finished=False)
       raise
-    _leave(others, hooks.stall_watch)
+    # The chief finished once it has its result (a stop in the last step
+    # leaves the run finished); another replica, unless it was stopped.
+    _leave(others, hooks.stall_watch,
+           finished=(hooks.result.result is not None if hooks.result
+                     else not stop.requested))
   finally:
     if hooks.stall_watch is not None:
       hooks.stall_watch.finished()
@@ -180,12 +184,14 @@ def _where_stopped(read_step: Optional[int], cfg: config_lib.Config) -> str:
 
 
 def _leave(others: peers.Peers,
-           watch: Optional[stall_watch_lib.StallWatchHook]) -> None:
-  """Tells the PS tasks this replica is done, within the stall watch's bound
-  at the end of a run: a PS that stopped serving would hold it forever."""
+           watch: Optional[stall_watch_lib.StallWatchHook],
+           finished: bool) -> None:
+  """Tells the PS tasks this replica is done (`finished` the run, or stopped
+  before its end), within the stall watch's bound at the end of a run: a PS
+  that stopped serving would hold it forever."""
   if watch is not None:
     watch.ending()  # After a clean close TF's end() did; again is harmless.
-  others.leave()
+  others.leave(finished)
 
 
 def _run_session(cfg, tg: train_graph.TrainGraph, target: str, session_config,

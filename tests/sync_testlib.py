@@ -140,7 +140,7 @@ class Replica:
     """How many replicas have set their done flag on each PS."""
     graph = tf.Graph()  # self.graph is final: new ops need their own graph.
     with graph.as_default():
-      counts = [tf.reduce_sum(ps_flags.done_flags(i, self.info.num_workers))
+      counts = [tf.math.count_nonzero(ps_flags.done_flags(i, self.info.num_workers))
                 for i in range(self.info.num_ps)]
       with tf.compat.v1.Session(self.target, config=self.config) as session:
         return [int(n) for n in session.run(counts, options=run_options())]

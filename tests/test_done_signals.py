@@ -43,7 +43,7 @@ class DoneSignalsTest(absltest.TestCase):
     # Before, creating the session waited for an absent PS without bound (a worker stopped while
     # it waited for its PS stayed until its 20 s grace ran out); a thread keeps this test bounded.
     leaving = threading.Thread(
-        target=ps_flags.signal_done, args=(target, info),
+        target=ps_flags.signal_done, args=(target, info, True),
         kwargs={"timeout_secs": 5}, daemon=True)
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
@@ -72,17 +72,19 @@ class DoneSignalsTest(absltest.TestCase):
     self.assertIn(f"ps_trainer: warning: could not tell ps 1 at 127.0.0.1:{ps1_port} that",
                   warnings)
     self.assertNotIn("ps 0", warnings)
-    self.assertEqual(self._flags(ps0_target, ps0, 1), [1])  # PS 0 can finish without ps 1.
+    # PS 0 can finish without ps 1.
+    self.assertEqual(self._flags(ps0_target, ps0, 1), [ps_flags.FINISHED])
 
   def test_a_replica_started_again_is_not_done_until_it_says_so_again(self):
     ps, ps_target, worker1, worker1_target, _ = _ps_and_worker_1()
 
-    ps_flags.signal_done(worker1_target, worker1, timeout_secs=5)  # Stopped by a SIGTERM.
-    self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
+    # Stopped by a SIGTERM.
+    ps_flags.signal_done(worker1_target, worker1, finished=False, timeout_secs=5)
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, ps_flags.STOPPED])
     ps_flags.clear_done(worker1_target, worker1)  # Started again, before its session.
     self.assertEqual(self._flags(ps_target, ps, 2), [0, 0])
-    ps_flags.signal_done(worker1_target, worker1, timeout_secs=5)  # Finished.
-    self.assertEqual(self._flags(ps_target, ps, 2), [0, 1])
+    ps_flags.signal_done(worker1_target, worker1, finished=True, timeout_secs=5)
+    self.assertEqual(self._flags(ps_target, ps, 2), [0, ps_flags.FINISHED])
 
   def test_a_replica_waits_for_a_ps_that_has_not_yet_made_its_flags(self):
     # A PS listens a moment before it creates its flags; a chief that saw its port answer
@@ -114,18 +116,47 @@ class DoneSignalsTest(absltest.TestCase):
 
 
 class ChiefGoneTest(absltest.TestCase):
-  """An async worker that ends the run after its chief died says its steps are unsaved."""
+  """An async worker that ends the run after its chief died, or was stopped, says its steps
+  are unsaved."""
 
   def test_a_chief_that_refuses_connections_without_saying_done_is_gone(self):
     ps, ps_target, worker1, worker1_target, worker_ports = _ps_and_worker_1()
     cfg = types.SimpleNamespace(cluster=worker1, train=types.SimpleNamespace(wait_timeout_secs=20))
     others = peers.Peers(cfg, None, worker1_target, None, None)
+    chief = f"worker 0 at 127.0.0.1:{worker_ports[0]}"
     with mock.patch.object(peers, "CHIEF_BACK_SECS", 0.5):
-      self.assertEqual(others.chief_gone(), f"worker 0 at 127.0.0.1:{worker_ports[0]}")
-      # A chief that finished or was stopped said so on the PS before it exited: not gone.
-      ps_flags.run_on_ps(ps_target, ps, [0], 5,
-                         lambda: ps_flags.done_flags(0, 2)[0].assign(1))
+      self.assertEqual(others.chief_gone(), chief)
+      # A chief stopped before the run's end saved only until its stop.
+      self._chief_says(ps, ps_target, ps_flags.STOPPED)
+      self.assertEqual(others.chief_gone(), chief)
+      # One that finished the run saved all of it.
+      self._chief_says(ps, ps_target, ps_flags.FINISHED)
       self.assertEqual(others.chief_gone(), "")
+
+  def _chief_says(self, ps, ps_target, value):
+    ps_flags.run_on_ps(ps_target, ps, [0], 5,
+                       lambda: ps_flags.done_flags(0, 2)[0].assign(value))
+
+
+class LastResortTest(absltest.TestCase):
+
+  def test_a_replica_forced_out_after_it_finished_still_says_it_finished(self):
+    info = cluster.from_flags("127.0.0.1:1", "127.0.0.1:2,127.0.0.1:3", "worker", 1)
+    cfg = types.SimpleNamespace(cluster=info, train=types.SimpleNamespace(wait_timeout_secs=20))
+    resorts = []
+    stop = types.SimpleNamespace(
+        requested=False,
+        add_last_resort=lambda action, what, before_restart=True: resorts.append(action))
+    said = []
+    with mock.patch.object(ps_flags, "signal_done",
+                           lambda target, info, finished, timeout_secs: said.append(finished)):
+      others = peers.Peers(cfg, None, "", None, stop)
+      others.add_last_resorts()
+      (say_done,) = resorts
+      say_done()  # Forced out mid-run.
+      others.leave(finished=True)
+      say_done()  # Forced out later, in its export say: the PS must not keep the run for it.
+    self.assertEqual(said, [False, True, True])
 
 
 if __name__ == "__main__":

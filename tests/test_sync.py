@@ -182,6 +182,55 @@ class PsLifecycleTest(tf.test.TestCase):
         f"{worker_ports[1]}) and 1 of 2 said done (--wait_timeout_secs=2); exiting with status "
         "1"))
 
+  def test_it_keeps_what_workers_trained_after_the_chief_stopped_until_the_bound(self):
+    # An async chief stopped by hand; worker 1 trained on to the run's end. Leaving then would
+    # lose every step since the chief's final checkpoint.
+    info, ps_port, worker_ports = self.ps_info(2)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=2.0)
+      start = time.monotonic()
+      self.say_done(ps_port, num_workers=2, replica=0, value=ps_flags.STOPPED)
+      self.say_done(ps_port, num_workers=2, replica=1)
+      ps.join(timeout=60)
+    lines = output.getvalue().splitlines()
+    self.assertEqual(statuses, [1], lines)
+    self.assertGreaterEqual(time.monotonic() - start, 2.0)
+    self.assertIn(
+        f"ps 0: every worker is done, but the chief (worker 0 at 127.0.0.1:{worker_ports[0]}) "
+        "was stopped before the run's end: keeping the steps trained since its final checkpoint "
+        "until it is started again with its command to save them (giving up after "
+        "--wait_timeout_secs=2)", lines)
+    self.assertEqual(lines[-1], (
+        "ps 0: giving up: the chief was not started again within --wait_timeout_secs=2; the "
+        "steps trained since its final checkpoint are lost; exiting with status 1"))
+
+  def test_a_stopped_chief_started_again_ends_the_kept_run(self):
+    info, ps_port, _ = self.ps_info(2)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=600)
+      self.say_done(ps_port, num_workers=2, replica=0, value=ps_flags.STOPPED)
+      self.say_done(ps_port, num_workers=2, replica=1)
+      waits.wait_until(lambda: "keeping the steps" in output.getvalue(), "the PS to keep", 60)
+      self.say_done(ps_port, num_workers=2, replica=0, value=0)  # Its first session.
+      self.say_done(ps_port, num_workers=2, replica=0)  # It saved them and finished.
+      ps.join(timeout=60)
+    self.assertEqual(statuses, [0], output.getvalue())
+    self.assertEqual(output.getvalue().splitlines()[-1], "ps 0: every worker is done; exiting")
+
+  def test_a_job_stopped_before_its_end_keeps_nothing(self):
+    # Every replica stopped (the whole job, by hand): none trained past the chief's checkpoint.
+    info, ps_port, _ = self.ps_info(2)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=600)
+      for replica in (1, 0):
+        self.say_done(ps_port, num_workers=2, replica=replica, value=ps_flags.STOPPED)
+      ps.join(timeout=60)
+    self.assertEqual(statuses, [0], output.getvalue())
+    self.assertNotIn("keeping", output.getvalue())
+
   @staticmethod
   def accept_until_closed(listener: socket.socket) -> None:
     while True:
@@ -209,12 +258,13 @@ class PsLifecycleTest(tf.test.TestCase):
       pass
     listener.close()
 
-  def say_done(self, ps_port: int, num_workers: int, replica: int) -> None:
+  def say_done(self, ps_port: int, num_workers: int, replica: int,
+               value: int = ps_flags.FINISHED) -> None:
     """Sets one replica's done flag on PS 0, as that replica does when it leaves."""
     graph = tf.Graph()
     with graph.as_default():
       flags = ps_flags.done_flags(0, num_workers)
-      done = tf.compat.v1.scatter_update(flags, [replica], [1])
+      done = tf.compat.v1.scatter_update(flags, [replica], [value])
     # Seeing the PS alone, as a worker would: the master waits for every task it sees.
     only_ps = tf.compat.v1.ConfigProto(device_filters=["/job:ps"])
     with tf.compat.v1.Session(f"grpc://127.0.0.1:{ps_port}", graph=graph,

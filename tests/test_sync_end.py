@@ -175,7 +175,7 @@ class CleanEndTest(sync_testlib.SyncTestCase):
     start = time.monotonic()
     r.session.close()
     close_secs = time.monotonic() - start
-    ps_flags.signal_done(r.target, r.info, timeout_secs=10)
+    ps_flags.signal_done(r.target, r.info, finished=True, timeout_secs=10)
     return close_secs
 
   def test_two_workers_stop_at_the_last_step(self):

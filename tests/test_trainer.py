@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -17,6 +18,7 @@ import tensorflow as tf
 from ps_trainer import checkpoints
 from ps_trainer import data
 from ps_trainer import peers
+from ps_trainer import ps_flags
 from ps_trainer import stops
 from ps_trainer import sync
 from ps_trainer import sync_end
@@ -329,7 +331,7 @@ class ChiefRestartTest(absltest.TestCase):
     super().setUp()
     self.cluster = InProcessCluster(num_ps=1, num_workers=1)
 
-  def train(self, log_dir, steps):
+  def train(self, log_dir, steps, stop=None):
     cfg = testutil.make_config(
         *self.cluster.host_flags(), "--job_name=worker", "--task_index=0",
         f"--log_dir={log_dir}", f"--train_steps={steps}",
@@ -337,8 +339,32 @@ class ChiefRestartTest(absltest.TestCase):
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
       result = trainer.train(cfg, data.load("digits"),
-                             self.cluster.targets[0])
+                             self.cluster.targets[0], stop)
     return result, output.getvalue()
+
+  def chief_flag(self) -> int:
+    """The chief's done flag on PS 0."""
+    return int(ps_flags.run_on_ps(
+        self.cluster.targets[0], self.cluster.info("worker", 0), [0], 10,
+        lambda: ps_flags.done_flags(0, 1)[0]))
+
+  def test_it_tells_the_ps_whether_it_finished_the_run_or_was_stopped_before_its_end(self):
+    # The PS keeps the model for a chief stopped before the end (ps_task.ChiefKeep).
+    log_dir = testutil.make_tempdir(self)
+    stop = stops.StopRequest("chief", grace_secs=600)
+    self.addCleanup(stop.ended)
+    signal_soon = threading.Timer(2.0, stop.request, args=(signal.SIGTERM,))
+    signal_soon.start()
+    self.addCleanup(signal_soon.cancel)
+    with contextlib.redirect_stderr(io.StringIO()):
+      result, output = self.train(log_dir, 10**9, stop)
+    self.assertIsNone(result)
+    stopped_at = int(re.search(r"chief: stopped on SIGTERM; final checkpoint "
+                               r"\S+/model\.ckpt-(\d+);", output).group(1))
+    self.assertEqual(self.chief_flag(), ps_flags.STOPPED)
+    result, _ = self.train(log_dir, stopped_at + 10)  # Started again, to the end.
+    self.assertEqual(result["global_step"], stopped_at + 10)
+    self.assertEqual(self.chief_flag(), ps_flags.FINISHED)
 
   def test_keeps_the_model_the_ps_holds_over_an_older_checkpoint(self):
     log_dir = testutil.make_tempdir(self)
@@ -385,7 +411,7 @@ class EndOfRunBoundTest(absltest.TestCase):
         "--log_every_steps=1000", "--wait_timeout_secs=1")
     stop = _ReleasedByAForcedExit("chief")
     # As TF's session creation for the done flags does with a PS stopped by SIGSTOP.
-    with mock.patch.object(peers.Peers, "leave", lambda _: stop.blocked.wait(60)), \
+    with mock.patch.object(peers.Peers, "leave", lambda *_: stop.blocked.wait(60)), \
         contextlib.redirect_stdout(io.StringIO()):
       started = time.monotonic()
       result = trainer.train(cfg, data.load("digits"), cluster.targets[0], stop)
