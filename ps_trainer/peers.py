@@ -89,6 +89,10 @@ class Peers:
       return f"{waited_for}; not answering: {', '.join(gone)}"
     return f"{waited_for} (every known task answers: a slow or restarting peer?)"
 
+  def silent_ps(self) -> str:
+    """"ps 0 at host:port, ..." for the PS tasks that refuse connections now."""
+    return ", ".join(waits.unreachable(self._info.ps_addresses()))
+
   def silent_when_named(self) -> bool:
     """Whether stall_reason() found a peer not answering, when last called."""
     return bool(self._gone_when_named)

@@ -92,6 +92,11 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       10.0.0.1:2222"; None: session starts are not bounded.
     is_chief: whether the end of the run saves and evaluates too (what its
       notes name).
+    silent_ps: () -> "ps 0 at 10.0.0.1:2222, ..." for the PS tasks that
+      refuse connections now, "" when all answer: work after a step blocked
+      on one that is gone (a checkpoint save as a PS died) is then noted
+      every `note_every_secs` and gets `timeout_secs`, as a step, not the
+      START_TIMEOUTS of a slow save.
   """
 
   def __init__(self, stop: stops.StopRequest, what: Callable[[], str],
@@ -103,6 +108,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                hang_restarts: bool = False,
                sync_replica: Optional[hung_step.SyncReplica] = None,
                is_chief: bool = True,
+               silent_ps: Callable[[], str] = lambda: "",
                clock: Callable[[], float] = time.monotonic):
     self._stop = stop
     self._ending_calls = (_CHIEF_ENDING_CALLS if is_chief
@@ -125,6 +131,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
     self._ending_noted = None  # The _ENDING wait last noted, and its next note.
+    self._silent_ps = silent_ps
+    # The _AFTER_STEP wait last looked at, its next look, and the PS tasks
+    # that refused connections then.
+    self._after_step_looked = None
     self._done = threading.Event()
     self._thread = None
 
@@ -202,6 +212,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
       self._note_ending()
+      self._look_after_step()
       started = self._step_started
       self._rules.leave_if_owed(started)
       if started is None:
@@ -253,6 +264,30 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
                  f"giving up after {self._outside_steps_timeout:.0f} s")
       self._ending_noted = (outside, next_note + self._note_every)
 
+  def _look_after_step(self) -> None:
+    """Every note_every_secs that the work after a step waits: names the PS
+    tasks that refuse connections, or says it waits for TensorFlow (a big
+    checkpoint takes its time)."""
+    outside = self._outside
+    if (outside is None or outside[0] != _AFTER_STEP
+        or self._start_peers is None or self._stop.requested):
+      return
+    if self._after_step_looked is None or self._after_step_looked[0] != outside:
+      self._after_step_looked = (outside, self._note_every, "")
+    waited = self._clock() - outside[1]
+    _, next_look, _ = self._after_step_looked
+    if waited < next_look:
+      return
+    silent = self._silent_ps()
+    if silent:
+      why, limit = f"; not answering: {silent}", self._timeout
+    else:
+      why, limit = " for TensorFlow", self._outside_steps_timeout
+    errors.say(f"{self._stop.who}: the work after a step (a checkpoint "
+               f"save?) has waited {waited:.0f} s{why}; giving up after "
+               f"{limit:.0f} s")
+    self._after_step_looked = (outside, next_look + self._note_every, silent)
+
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
     the run that overran."""
@@ -262,11 +297,17 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     kind, since = outside
     waited = self._clock() - since
     limit = self._outside_steps_timeout
+    silent = self._silent_after_step(outside)
+    if silent:  # A PS that is gone, not one slow to save.
+      limit = self._timeout
     if waited < limit:
       return False
     bound = f"(at most {limit:.0f} s, {START_TIMEOUTS} x --wait_timeout_secs)"
     peers = self._start_peers()
     not_serving = f"{peers} may not be serving (stopped, paused or wedged)"
+    if silent:
+      bound = f"(--wait_timeout_secs={limit:.0f})"
+      not_serving = f"not answering: {silent}"
     doing = {
         _STARTING: (
             f"starting a session without reaching a step {bound}, though "
@@ -282,6 +323,14 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     }[kind]
     self._stop.force_exit(f"gave up after {waited:.0f} s {doing}", 1)
     return True
+
+  def _silent_after_step(self, outside) -> str:
+    """The PS tasks found refusing connections at the last look at this
+    work after a step (_look_after_step), else ""."""
+    looked = self._after_step_looked
+    if outside[0] != _AFTER_STEP or looked is None or looked[0] != outside:
+      return ""
+    return looked[2]
 
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: HangRules.why_hung, if this task may

@@ -273,7 +273,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
         hang_restarts=not cfg.train.sync_replicas,
         sync_replica=(_sync_replica(cfg, tg, target)
                       if cfg.train.sync_replicas else None),
-        is_chief=cfg.is_chief)
+        is_chief=cfg.is_chief, silent_ps=others.silent_ps)
   if cfg.train.trace_steps:
     every_replica.append(tracing.TraceHook(
         cfg.train.trace_steps, os.path.join(cfg.train.log_dir, "traces"),

@@ -262,6 +262,38 @@ class SessionStartBoundTest(absltest.TestCase):
                      r"save\?\) \(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at h:1 may not "
                      r"be serving")
 
+  def test_work_after_a_step_blocked_on_a_ps_that_is_gone_is_named_and_bounded_as_a_step(self):
+    # The PS died during a checkpoint save: as for a step, every 10 s (0.3 here) its notes name
+    # it, and it gets --wait_timeout_secs, not four, so the chief ends sooner (was 120 s silent).
+    for silent_ps, bound_secs in (("ps 0 at h:1", 1.0), ("", 4.0)):
+      with self.subTest(silent_ps or "every PS answers: a slow save"):
+        stop = stop_fakes.RecordingStop("chief")
+        hook = stall_watch.StallWatchHook(
+            stop, lambda: "the PS tasks", timeout_secs=1.0, note_every_secs=0.3,
+            poll_secs=0.05, start_peers=lambda: "ps 0 at h:1", silent_ps=lambda: silent_ps)
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output):
+          hook.after_create_session(None, None)
+          _whole_step(hook)
+          hook.before_run(None)
+          started = time.monotonic()
+          hook.after_run(None, None)  # The step is over; the saver's after_run never is.
+          reason = self.forced_reason(stop, hook)
+        took = time.monotonic() - started
+        self.assertGreaterEqual(took, bound_secs)
+        self.assertLess(took, bound_secs + 2.0)
+        notes = output.getvalue().splitlines()
+        if silent_ps:
+          self.assertRegex(reason, r"^gave up after 1 s in the work after a step \(a checkpoint "
+                           r"save\?\) \(--wait_timeout_secs=1\): not answering: ps 0 at h:1$")
+          self.assertRegex(notes[0], r"^chief: the work after a step \(a checkpoint save\?\) "
+                           r"has waited \d+ s; not answering: ps 0 at h:1; giving up after 1 s$")
+        else:
+          self.assertRegex(reason, r"\(at most 4 s, 4 x --wait_timeout_secs\): ps 0 at h:1 may "
+                           r"not be serving")
+          self.assertRegex(notes[0], r"^chief: the work after a step \(a checkpoint save\?\) "
+                           r"has waited \d+ s for TensorFlow; giving up after 4 s$")
+
   def test_a_call_at_the_end_of_the_run_that_never_returns_ends_it(self):
     # The final checkpoint, the evaluation or the done flags, from a PS that stopped serving.
     for end_of_run in ("a clean close", "leaving after an error"):
