@@ -114,6 +114,15 @@ report_failures() {
 # checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that.
 STOP_GRACE_SECS=40
 CHIEF_END_SAID=0  # Set once "chief finished" is said: a signal after does not say it again.
+# How to continue a stopped run whose log dir the launcher made: the chief says "the same command
+# continues from it", but the same command without --log_dir starts a new run in a new directory.
+CONTINUE_HINT=""
+
+say_how_to_continue() {  # the chief's exit status
+  case $1 in
+    130 | 143) [[ -z $CONTINUE_HINT ]] || msg "$CONTINUE_HINT" ;;
+  esac
+}
 
 on_signal() {  # name exit-status
   trap - INT TERM
@@ -126,6 +135,7 @@ on_signal() {  # name exit-status
   if [[ -n ${CHIEF:-} && -n ${TASK_STARTS[CHIEF]:-} ]] && ((TAIL_STATUS != 0)); then
     this_run_log "$CHIEF" | grep -a "the same command continues from it" | tail -n 1 || true
   fi
+  [[ -z ${CHIEF:-} ]] || say_how_to_continue "${TASK_STATUS[CHIEF]:-}"
   # A chief that exits 0 finished the run (the signal came as it ended, or after): as without one,
   # the launcher's status is the chief's.
   if [[ -n ${CHIEF:-} && ${TASK_STATUS[CHIEF]:-} == 0 ]]; then
@@ -207,6 +217,9 @@ run_local() {
   if [[ -z $log_dir ]]; then
     log_dir=$(new_log_dir)
     made_log_dir=1
+    local given=""
+    ((${#original[@]} == 0)) || given=$(printf '%q ' "${original[@]}")
+    CONTINUE_HINT="to continue this run: ./launch.sh local ${given}--log_dir=$(printf '%q' "$log_dir") (the same command without --log_dir starts a new run)"
   fi
   local ports ps_hosts="" worker_hosts=""
   read -r -a ports < <(free_ports $((num_ps + num_workers)))
@@ -258,6 +271,7 @@ run_local() {
     CHIEF_END_SAID=1
   else
     msg "chief (worker-0) exited with status $chief_status (log: ${TASK_LOGS[CHIEF]})"
+    say_how_to_continue "$chief_status"
   fi
   # Shorter if the chief failed: then nobody may tell the PS tasks to stop.
   wait_for_the_rest $((chief_status == 0 ? EXIT_WAIT_SECS : (EXIT_WAIT_SECS < 10 ? EXIT_WAIT_SECS : 10)))

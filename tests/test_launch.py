@@ -246,10 +246,29 @@ class LaunchLocalTest(absltest.TestCase):
       self.assertRegex(warnings[0], r"listens on port \d+ of every network interface, without "
                        r"authentication.*trusted network \(README: Security\)")
 
-  def _stop_mid_run(self, send_stop, *flags):
-    """Starts a long run, sends a stop once the chief trains; returns (proc, log_dir, tasks)."""
-    proc, log_dir = self._start_local("--train_steps=100000000", "--log_every_steps=20",
-                                      "--save_checkpoints_steps=100", *flags)
+  def _stop_mid_run(self, send_stop, *flags, made_log_dir=False):
+    """Starts a long run, sends a stop once the chief trains; returns (proc, log_dir, tasks).
+
+    made_log_dir: no --log_dir, so the launcher makes runs/local-<time> in a scratch working
+    directory (log_dir is then that directory's absolute path).
+    """
+    flags = ("--train_steps=100000000", "--log_every_steps=20", "--save_checkpoints_steps=100",
+             *flags)
+    if made_log_dir:
+      cwd = testutil.make_tempdir(self)
+      proc = testutil.start([testutil.LAUNCH_SH, "local", *flags],
+                            os.path.join(cwd, "launch.out"), cwd=cwd, name="launch.sh local")
+      self.addCleanup(proc.kill_group)
+      runs = os.path.join(cwd, "runs")
+      deadline = time.monotonic() + 60
+      while not (os.path.isdir(runs) and os.listdir(runs)):
+        self.assertLess(time.monotonic(), deadline, f"no runs/local-*\n{proc.log_tail()}")
+        time.sleep(0.1)
+      log_dir = os.path.join(runs, os.listdir(runs)[0])
+      marker = os.path.relpath(log_dir, cwd)  # As the tasks' command lines name it.
+    else:
+      proc, log_dir = self._start_local(*flags)
+      marker = log_dir
     chief_log = os.path.join(log_dir, "logs", "worker-0.log")
     deadline = time.monotonic() + CLUSTER_TIMEOUT_SECS
     while time.monotonic() < deadline and proc.returncode is None:
@@ -259,7 +278,7 @@ class LaunchLocalTest(absltest.TestCase):
     else:
       self.fail(f"training never reached step 100 ({chief_log})\n{proc.log_tail()}")
     time.sleep(1)  # Past a periodic checkpoint or two.
-    tasks = [p for p in testutil.find_processes(log_dir) if "-m ps_trainer" in testutil.cmdline(p)]
+    tasks = [p for p in testutil.find_processes(marker) if "-m ps_trainer" in testutil.cmdline(p)]
     self.assertLen(tasks, 3)
     namespaces = {os.readlink(f"/proc/{pid}/ns/net") for pid in tasks}
     send_stop(proc)
@@ -270,11 +289,12 @@ class LaunchLocalTest(absltest.TestCase):
         [proc.log_tail()] + [f"--- {name} ---\n" + testutil.tail(
             os.path.join(log_dir, "logs", f"{name}.log"), 15)
                              for name in ("ps-0", "worker-0", "worker-1")]))
-    testutil.assert_no_leftover(tasks, marker=log_dir, timeout=5)
-    return status, log_dir, namespaces
+    testutil.assert_no_leftover(tasks, marker=marker, timeout=5)
+    return status, log_dir, namespaces, proc
 
-  def _assert_final_checkpoint(self, log_dir, signal_name):
-    """The chief's last checkpoint is newer than every periodic one (every 100 steps)."""
+  def _assert_final_checkpoint(self, log_dir, signal_name, shown_dir=None):
+    """The chief's last checkpoint is newer than every periodic one (every 100 steps); the chief
+    names it in `shown_dir` (default: log_dir), as its --log_dir was given."""
     with open(os.path.join(log_dir, "checkpoint")) as f:
       steps = [int(s) for s in re.findall(r"model\.ckpt-(\d+)", f.read())]
     final = steps[0]  # model_checkpoint_path comes first
@@ -282,20 +302,26 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertTrue(periodic, steps)
     self.assertGreater(final, max(periodic), steps)
     self.assertIn(f"chief: stopped on {signal_name}; final checkpoint "
-                  f"{os.path.join(log_dir, f'model.ckpt-{final}')}",
+                  f"{os.path.join(shown_dir or log_dir, f'model.ckpt-{final}')}",
                   _read(os.path.join(log_dir, "logs", "worker-0.log")))
     self.assertFalse(os.path.exists(os.path.join(log_dir, "result.json")))  # Not finished.
 
   def test_ctrl_c_stops_every_task_after_a_final_checkpoint(self):
     # What Ctrl-C in a terminal does: SIGINT to the launcher and every task.
-    status, log_dir, namespaces = self._stop_mid_run(
-        lambda proc: proc.signal_group(signal.SIGINT))
+    status, log_dir, namespaces, proc = self._stop_mid_run(
+        lambda proc: proc.signal_group(signal.SIGINT), made_log_dir=True)
     self.assertEqual(status, 130)
-    self._assert_final_checkpoint(log_dir, "SIGINT")
+    made = os.path.join("runs", os.path.basename(log_dir))  # As the launcher names it.
+    self._assert_final_checkpoint(log_dir, "SIGINT", shown_dir=made)
     # The chief's lines to its end, where to continue from said once, and the Ctrl-C that reached
     # the tasks twice (from the terminal, then the launcher) taken as one.
-    launcher_out = _read(os.path.join(log_dir, "launch.out"))
+    launcher_out = proc.read_log()
     self.assertEqual(launcher_out.count("the same command continues from it"), 1, launcher_out)
+    # That command would start a new run in a new runs/local-<time>: the launcher says how not to.
+    self.assertIn(
+        "launch.sh: to continue this run: ./launch.sh local --train_steps=100000000 "
+        f"--log_every_steps=20 --save_checkpoints_steps=100 --log_dir={made} (the same command "
+        "without --log_dir starts a new run)\n", launcher_out)
     self.assertIn("chief: got SIGINT: stopping after the current step", launcher_out)
     # A PS stays to serve the last checkpoint of a chief that can only force its exit (20 s, then
     # 10 for its last resorts), and leaves as soon as the workers have.
@@ -307,7 +333,7 @@ class LaunchLocalTest(absltest.TestCase):
 
   def test_sigterm_to_the_launcher_alone_stops_every_task(self):
     # A scheduler stopping the job; here without isolation, as on a machine without namespaces.
-    status, log_dir, namespaces = self._stop_mid_run(
+    status, log_dir, namespaces, _ = self._stop_mid_run(
         lambda proc: os.kill(proc.pid, signal.SIGTERM), "--sync_replicas", "--no_isolate")
     self.assertEqual(status, 143)
     self._assert_final_checkpoint(log_dir, "SIGTERM")
