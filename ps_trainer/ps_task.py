@@ -58,7 +58,7 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         errors.say(f"ps {info.task_index}: {done} of {info.num_workers} "
                    f"worker(s) done{'; waiting for ' + left if left else ''}")
         last = flags
-        next_note = now + note_gap
+        next_note = now + note_gap if left else None  # None left: said once.
       keeping = keep.keeping(flags, now)
       if done >= info.num_workers and not keeping:
         break
@@ -74,11 +74,15 @@ def run_ps(info: cluster_lib.ClusterInfo, stop, wait_timeout_secs: float,
         if keep.gave_up(now):
           return 1
       elif watch.gave_up(now):
+        # A chief that died after its last checkpoint while others finished.
+        lost = ("; the steps trained since the chief's last checkpoint are "
+                "lost" if not flags[0] and ps_flags.FINISHED in flags[1:]
+                else "")
         errors.say(f"ps {info.task_index}: giving up: no worker has answered "
                    f"for {watch.silent_secs(now):.0f} s ({watch.describe()}) "
                    f"and {done} of {info.num_workers} said done "
-                   f"(--wait_timeout_secs={wait_timeout_secs:g}); exiting "
-                   "with status 1")
+                   f"(--wait_timeout_secs={wait_timeout_secs:g}){lost}; "
+                   "exiting with status 1")
         return 1
       time.sleep(poll_secs)
   if stop.requested:  # Stopped tasks exit 128 + the signal, as the others.

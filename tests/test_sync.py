@@ -188,7 +188,8 @@ class PsLifecycleTest(tf.test.TestCase):
     info, ps_port, worker_ports = self.ps_info(2)
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=2.0)
+      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=2.0,
+                                   straggler_note_secs=0.2)
       start = time.monotonic()
       self.say_done(ps_port, num_workers=2, replica=0, value=ps_flags.STOPPED)
       self.say_done(ps_port, num_workers=2, replica=1)
@@ -204,6 +205,22 @@ class PsLifecycleTest(tf.test.TestCase):
     self.assertEqual(lines[-1], (
         "ps 0: giving up: the chief was not started again within --wait_timeout_secs=2; the "
         "steps trained since its final checkpoint are lost; exiting with status 1"))
+    # Said once: with no worker left to name, the notes every 0.2 s have nothing to add.
+    self.assertEqual(lines.count("ps 0: 2 of 2 worker(s) done"), 1, lines)
+
+  def test_giving_up_on_a_chief_that_died_after_the_others_finished_says_what_is_lost(self):
+    info, ps_port, worker_ports = self.ps_info(2)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      ps, statuses = self.start_ps(info, FakeStop(), output, wait_timeout_secs=1.0)
+      self.say_done(ps_port, num_workers=2, replica=1)  # Worker 1 finished; the chief is gone.
+      ps.join(timeout=60)
+    lines = output.getvalue().splitlines()
+    self.assertEqual(statuses, [1], lines)
+    self.assertEqual(lines[-1], (
+        f"ps 0: giving up: no worker has answered for 1 s (worker 0 at 127.0.0.1:{worker_ports[0]}"
+        ") and 1 of 2 said done (--wait_timeout_secs=1); the steps trained since the chief's last "
+        "checkpoint are lost; exiting with status 1"))
 
   def test_a_stopped_chief_started_again_ends_the_kept_run(self):
     info, ps_port, _ = self.ps_info(2)
