@@ -46,6 +46,12 @@ def main(argv) -> int:
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
+  claim = None
+  if cfg.is_chief:  # The one task that writes checkpoints there.
+    try:
+      claim = output_dir.claim(cfg.train.log_dir, "--log_dir")
+    except output_dir.OutputDirError as e:
+      errors.fail(str(e))
   if os.environ.get("PS_TRAINER_CHECK_ONLY"):
     # `launch.sh local` checks the chief's flags so before it starts any task:
     # a mistake is then one line, not one per task among the launcher's own.
@@ -54,7 +60,18 @@ def main(argv) -> int:
     return _run_task(cfg)
   finally:
     if cfg.is_chief:  # Another task leaves it to the chief, which writes there.
+      if claim is not None and created:  # Only an empty new one goes.
+        _drop_claim(claim)
       output_dir.remove_if_empty(created)
+
+
+def _drop_claim(claim) -> None:
+  """Removes the claim file, so a directory the run created and left empty
+  can go too."""
+  try:
+    os.remove(claim.name)
+  except OSError:
+    pass
 
 
 def _check_log_dir(log_dir: str) -> list:

@@ -6,9 +6,12 @@ trainer's --log_dir, bench's --bench_dir and compare's --out_dir all go
 through here, so each says what was wrong in one line, naming its flag.
 """
 
+import errno
+import fcntl
 import fnmatch
 import json
 import os
+import socket
 import tempfile
 from typing import List, Sequence
 
@@ -43,6 +46,44 @@ def prepare(path: str, flag: str) -> List[str]:
     raise OutputDirError(f"{flag}={path}: cannot write there ({e.strerror}); "
                          "pass a directory this user can create and write") from None
   return created
+
+
+# Held by the chief that trains into a --log_dir (claim).
+CLAIM_FILE = ".chief.lock"
+
+
+def claim(path: str, flag: str):
+  """Makes this process the one that trains into `path`; returns the open
+  claim, which holds while this process lives (the OS drops it at any exit,
+  kill -9 included, and at an execv: no claim is ever left stale).
+
+  Two chiefs writing into one directory (the same command started twice, two
+  `launch.sh local` clusters given one --log_dir) would overwrite each
+  other's checkpoints and result.json. A file system without locks (some
+  network mounts) leaves the directory unclaimed rather than fail the run.
+
+  Raises:
+    OutputDirError: another live process holds the claim.
+  """
+  claim_path = os.path.join(path, CLAIM_FILE)
+  f = open(claim_path, "a+")  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError as e:
+    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+      f.close()
+      return None
+    f.seek(0)
+    holder = f.read().strip() or "another process"
+    f.close()
+    raise OutputDirError(
+        f"{flag}={path}: a chief trains into it now ({holder}); two would "
+        "overwrite each other's checkpoints: stop that one, or pass another "
+        f"{flag}") from None
+  f.truncate(0)
+  f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+  f.flush()
+  return f
 
 
 def refuse_earlier_runs(path: str, flag: str, patterns: Sequence[str]) -> None:

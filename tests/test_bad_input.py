@@ -15,6 +15,7 @@ ports are checked after it loads (~3 s each), so those run with --train_steps=2 
 regression lets them train.
 """
 
+import fcntl
 import os
 import signal
 import socket
@@ -120,6 +121,17 @@ def _run_of_another_model(test, tmp):
   return {}
 
 
+def _claimed_log_dir(test, tmp):
+  """{tmp}/run, held as a live chief holds its --log_dir (output_dir.claim)."""
+  os.makedirs(os.path.join(tmp, "run"))
+  claim = open(os.path.join(tmp, "run", ".chief.lock"), "w")  # pylint: disable=consider-using-with
+  test.addCleanup(claim.close)
+  fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  claim.write("pid 4242 on otherhost\n")
+  claim.flush()
+  return {}
+
+
 def _regular_file(test, tmp):
   del test
   with open(os.path.join(tmp, "file"), "w", encoding="utf-8") as f:
@@ -200,6 +212,9 @@ _CASES = (
     ("evaluator_log_dir_under_a_file", _regular_file,
      [_PS, _WORKERS, "--job_name=evaluator", "--task_index=0", "--log_dir={tmp}/file/run"], {},
      ["--log_dir={tmp}/file/run", "cannot write there (Not a directory)"]),
+    ("log_dir_in_use_by_another_chief", _claimed_log_dir, ["--log_dir={tmp}/run", _SHORT], {},
+     ["--log_dir={tmp}/run: a chief trains into it now (pid 4242 on otherhost)",
+      "overwrite each other's checkpoints", "pass another --log_dir"]),
     ("log_dir_of_another_model", _run_of_another_model,
      ["--hidden_units=8,4", _SHORT, "--log_dir={tmp}/run"], {},
      ["--log_dir={tmp}/run holds checkpoints of another model",
