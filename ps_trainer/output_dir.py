@@ -66,7 +66,10 @@ def claim(path: str, flag: str):
     OutputDirError: another live process holds the claim.
   """
   claim_path = os.path.join(path, CLAIM_FILE)
-  f = open(claim_path, "a+")  # pylint: disable=consider-using-with
+  try:
+    f = open(claim_path, "a+")  # pylint: disable=consider-using-with
+  except OSError:  # Another user's claim file, say: unclaimed, as above.
+    return None
   try:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError as e:
