@@ -125,6 +125,9 @@ class ChiefKeep:
     self._since = None
     return False
 
+  def _chief(self) -> str:
+    return _named(self._info.replica_name(0), self._info.replica_addresses())
+
   def gave_up(self, now: float) -> bool:
     if now - self._since < self._timeout:
       return False
@@ -134,10 +137,12 @@ class ChiefKeep:
         "trained since its final checkpoint are lost; exiting with status 1")
     return True
 
-  def _chief(self) -> str:
-    name = self._info.replica_name(0)
-    address = self._info.replica_addresses().get(name)
-    return f"{name} at {address}" if address else name
+
+def _named(name: str, addresses: dict) -> str:
+  """"worker 1 at host:port" for a replica's name, or the name alone where
+  `addresses` (the cluster's replica_addresses) lacks it (a sparse one)."""
+  address = addresses.get(name)
+  return f"{name} at {address}" if address else name
 
 
 def not_done_names(info: cluster_lib.ClusterInfo, flags: list,
@@ -147,11 +152,8 @@ def not_done_names(info: cluster_lib.ClusterInfo, flags: list,
   The first `most` of them, then how many more: a big job's line stays short.
   """
   addresses = info.replica_addresses()
-  names = []
-  for name in [info.replica_name(r)
-               for r, flag in enumerate(flags) if not flag]:
-    address = addresses.get(name)
-    names.append(f"{name} at {address}" if address else name)
+  names = [_named(info.replica_name(r), addresses)
+           for r, flag in enumerate(flags) if not flag]
   more = f" and {len(names) - most} more" if len(names) > most else ""
   return ", ".join(names[:most]) + more
 

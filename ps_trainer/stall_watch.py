@@ -130,11 +130,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     self._restarts_forgotten = False
     # (_STARTING, _AFTER_STEP or _ENDING, since when), or None during a step.
     self._outside = None
-    self._ending_noted = None  # The _ENDING wait last noted, and its next note.
     self._silent_ps = silent_ps
-    # The _AFTER_STEP wait last looked at, its next look, and the PS tasks
-    # that refused connections then.
-    self._after_step_looked = None
+    # The _AFTER_STEP or _ENDING wait last noted, its next note, and the PS
+    # tasks that refused connections then (looked for after a step only).
+    self._noted = None
     self._done = threading.Event()
     self._thread = None
 
@@ -211,8 +210,7 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     while not self._done.wait(self._poll):
       if self._gave_up_outside_steps():
         return  # Not reached: the process ends.
-      self._note_ending()
-      self._look_after_step()
+      self._note_outside()
       started = self._step_started
       self._rules.leave_if_owed(started)
       if started is None:
@@ -246,47 +244,40 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
         if self._may_act_on(started):
           self._rules.step_noted(started)
 
-  def _note_ending(self) -> None:
-    """Every note_every_secs that one call at the end of the run waits: after
-    its result, TF can take many seconds to close a session that a paused PS
-    once held up, and the task would otherwise say nothing meanwhile."""
+  def _note_outside(self) -> None:
+    """Every note_every_secs that the work after a step, or one call at the
+    end of the run, waits; the task would otherwise say nothing meanwhile.
+
+    At the end, after its result, TF can take many seconds to close a session
+    that a paused PS once held up. After a step, the note names the PS tasks
+    that refuse connections (one died during a checkpoint save), or says it
+    waits for TensorFlow (a big checkpoint takes its time).
+    """
     outside = self._outside
-    if (outside is None or outside[0] != _ENDING or self._start_peers is None
-        or self._stop.requested):
+    if (outside is None or outside[0] == _STARTING
+        or self._start_peers is None or self._stop.requested):
       return
-    if self._ending_noted is None or self._ending_noted[0] != outside:
-      self._ending_noted = (outside, self._note_every)
+    if self._noted is None or self._noted[0] != outside:
+      self._noted = (outside, self._note_every, "")
     waited = self._clock() - outside[1]
-    next_note = self._ending_noted[1]
-    if waited >= next_note:
+    _, next_note, _ = self._noted
+    if waited < next_note:
+      return
+    silent = ""
+    if outside[0] == _ENDING:
       errors.say(f"{self._stop.who}: the end of the run has waited "
                  f"{waited:.0f} s for TensorFlow ({self._ending_calls}); "
                  f"giving up after {self._outside_steps_timeout:.0f} s")
-      self._ending_noted = (outside, next_note + self._note_every)
-
-  def _look_after_step(self) -> None:
-    """Every note_every_secs that the work after a step waits: names the PS
-    tasks that refuse connections, or says it waits for TensorFlow (a big
-    checkpoint takes its time)."""
-    outside = self._outside
-    if (outside is None or outside[0] != _AFTER_STEP
-        or self._start_peers is None or self._stop.requested):
-      return
-    if self._after_step_looked is None or self._after_step_looked[0] != outside:
-      self._after_step_looked = (outside, self._note_every, "")
-    waited = self._clock() - outside[1]
-    _, next_look, _ = self._after_step_looked
-    if waited < next_look:
-      return
-    silent = self._silent_ps()
-    if silent:
-      why, limit = f"; not answering: {silent}", self._timeout
     else:
-      why, limit = " for TensorFlow", self._outside_steps_timeout
-    errors.say(f"{self._stop.who}: the work after a step (a checkpoint "
-               f"save?) has waited {waited:.0f} s{why}; giving up after "
-               f"{limit:.0f} s")
-    self._after_step_looked = (outside, next_look + self._note_every, silent)
+      silent = self._silent_ps()
+      if silent:
+        why, limit = f"; not answering: {silent}", self._timeout
+      else:
+        why, limit = " for TensorFlow", self._outside_steps_timeout
+      errors.say(f"{self._stop.who}: the work after a step (a checkpoint "
+                 f"save?) has waited {waited:.0f} s{why}; giving up after "
+                 f"{limit:.0f} s")
+    self._noted = (outside, next_note + self._note_every, silent)
 
   def _gave_up_outside_steps(self) -> bool:
     """Ends a session start, the work after a step or a call at the end of
@@ -325,12 +316,10 @@ class StallWatchHook(tf.compat.v1.train.SessionRunHook):
     return True
 
   def _silent_after_step(self, outside) -> str:
-    """The PS tasks found refusing connections at the last look at this
-    work after a step (_look_after_step), else ""."""
-    looked = self._after_step_looked
-    if outside[0] != _AFTER_STEP or looked is None or looked[0] != outside:
-      return ""
-    return looked[2]
+    """The PS tasks found refusing connections at the last note on this
+    work after a step (_note_outside), else ""."""
+    noted = self._noted
+    return noted[2] if noted is not None and noted[0] == outside else ""
 
   def _why_hung(self, started: float, hang_bound: float, silent: bool):
     """At a look past the hang bound: HangRules.why_hung, if this task may

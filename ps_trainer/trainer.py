@@ -124,11 +124,11 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     except (Diverged, waits.Stopped):
       _leave(others, hooks.stall_watch, finished=False)
       raise
+    result = hooks.result.result if hooks.result else None  # The chief's.
     # The chief finished once it has its result (a stop in the last step
     # leaves the run finished); another replica, unless it was stopped.
     _leave(others, hooks.stall_watch,
-           finished=(hooks.result.result is not None if hooks.result
-                     else not stop.requested))
+           finished=result is not None if cfg.is_chief else not stop.requested)
   finally:
     if hooks.stall_watch is not None:
       hooks.stall_watch.finished()
@@ -139,7 +139,6 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
       if isinstance(hook, (step_record.StepRecordHook,
                            sync.SyncReplicasHook)):
         hook.close()
-  result = hooks.result.result if hooks.result else None
   # A stop that came in the last step leaves a finished run, not one to go on.
   if stop.requested and result is None:
     if cfg.is_chief:

@@ -324,10 +324,10 @@ class SessionStartBoundTest(absltest.TestCase):
     with contextlib.redirect_stdout(output):
       hook.end(None)  # At 0 s; the watch's own thread is not started: its looks are these.
       for now[0] in (9.9, 10.0, 15.0, 20.5, 21.0):
-        hook._note_ending()  # pylint: disable=protected-access
+        hook._note_outside()  # pylint: disable=protected-access
       hook.run_done()  # A call came back: the next one is timed from here.
       now[0] = 29.0
-      hook._note_ending()  # pylint: disable=protected-access
+      hook._note_outside()  # pylint: disable=protected-access
     self.assertEqual(stop.forced, [])
     calls = ("the final checkpoint, the test split's evaluation, closing the session or telling "
              "the PS tasks this worker is done")
@@ -348,7 +348,7 @@ class SessionStartBoundTest(absltest.TestCase):
     with contextlib.redirect_stdout(output):
       hook.end(None)
       now[0] = 10.0
-      hook._note_ending()  # pylint: disable=protected-access
+      hook._note_outside()  # pylint: disable=protected-access
       now[0] = 80.0
       self.assertTrue(hook._gave_up_outside_steps())  # pylint: disable=protected-access
     self.assertEqual(output.getvalue().splitlines(), [
