@@ -61,17 +61,8 @@ def main(argv) -> int:
   finally:
     if cfg.is_chief:  # Another task leaves it to the chief, which writes there.
       if claim is not None and created:  # Only an empty new one goes.
-        _drop_claim(claim)
+        output_dir.drop_claim(claim)
       output_dir.remove_if_empty(created)
-
-
-def _drop_claim(claim) -> None:
-  """Removes the claim file, so a directory the run created and left empty
-  can go too."""
-  try:
-    os.remove(claim.name)
-  except OSError:
-    pass
 
 
 def _check_log_dir(log_dir: str) -> list:

@@ -89,6 +89,15 @@ def claim(path: str, flag: str):
   return f
 
 
+def drop_claim(claim_file) -> None:
+  """Removes the file of claim()'s claim, so that a directory the run
+  created and left empty can go too (remove_if_empty)."""
+  try:
+    os.remove(claim_file.name)
+  except OSError:
+    pass
+
+
 def refuse_earlier_runs(path: str, flag: str, patterns: Sequence[str]) -> None:
   """bench and compare run afresh: a run directory of theirs already in `path`
   would be continued (or, if finished, reported again) by `launch.sh local`.
