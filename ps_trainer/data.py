@@ -358,8 +358,24 @@ def _on_input_thread(dataset):
   return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
+def _without_autotune(dataset):
+  """The dataset, to be iterated without tf.data's autotuning thread.
+
+  That thread waits between its rounds, and the rounds grow to 60 s. Closing
+  a session (or initializing an iterator again) wakes it before TF marks the
+  iterator cancelled, so it can miss the wake-up and hold the close for the
+  rest of its round: seen as 10-17 s ends of runs on tasks pinned to one core.
+  Without it, prefetch(AUTOTUNE) still grows its buffer when it runs dry, and
+  map(num_parallel_calls=AUTOTUNE) runs on as many threads as its pool has.
+  """
+  options = tf.data.Options()
+  options.autotune.enabled = False
+  return dataset.with_options(options)
+
+
 def _iterator_input(dataset, initializable):
   """An Input over a tf.data pipeline that needs nothing fed."""
+  dataset = _without_autotune(dataset)
   if not initializable:
     features, labels = tf.compat.v1.data.make_one_shot_iterator(
         dataset).get_next()
@@ -394,7 +410,7 @@ def _array_input(x, y, batch_size, shuffle_seed):
   dataset = dataset.batch(batch_size, drop_remainder=shuffle_seed is not None)
   dataset = dataset.map(
       not_converted(lambda i: (tf.gather(x_in, i), tf.gather(y_in, i))))
-  dataset = dataset.prefetch(tf.data.AUTOTUNE)
+  dataset = _without_autotune(dataset.prefetch(tf.data.AUTOTUNE))
   iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
   features, labels = iterator.get_next()
   return Input(features, labels, iterator.initializer, {x_in: x, y_in: y})

@@ -20,7 +20,9 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import dataset_options_pb2
 
+from ps_trainer import clicks
 from ps_trainer import config
 from ps_trainer import data
 from ps_trainer import host_cores
@@ -438,6 +440,26 @@ def _read(pipeline, batches):
           np.concatenate([l for _, l in out]))
 
 
+def _iterated_options(graph):
+  """The tf.data options of the dataset each iterator of `graph` reads: None
+  for one not ending in options of its own (TF's defaults, autotune on)."""
+  graph_def = graph.as_graph_def()
+  nodes = {node.name: node for node in graph_def.node}
+  functions = {f.signature.name: f for f in graph_def.library.function}
+  read = []
+  for node in graph_def.node:
+    if node.op == "MakeIterator":  # An initializable iterator.
+      read.append(nodes[node.input[0].split(":")[0]])
+    elif node.op == "OneShotIterator":  # Its dataset is a function's result.
+      factory = functions[node.attr["dataset_factory"].func.name]
+      (result,) = factory.ret.values()
+      read.append(next(n for n in factory.node_def
+                       if n.name == result.split(":")[0]))
+  return [dataset_options_pb2.Options.FromString(
+      node.attr["serialized_options"].s)
+          if node.op == "OptionsDataset" else None for node in read]
+
+
 def _cpu_seconds(thread):
   with open(f"/proc/self/task/{thread}/schedstat") as schedstat:
     return int(schedstat.read().split()[0]) / 1e9
@@ -544,6 +566,24 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     out = subprocess.run([sys.executable, "-c", script, tmp, clicks_dir], capture_output=True,
                          text=True, env=testutil.trainer_env(), timeout=120, check=True)
     self.assertEqual(out.stdout.strip().splitlines()[-1], "[]")
+
+  def test_every_pipeline_reads_without_the_autotune_thread(self):
+    # TF's autotune thread can miss the wake-up of a session's close and hold
+    # it for the rest of its round, up to 60 s (data._without_autotune).
+    clicks_dir = testutil.make_tempdir(self)
+    clicks.write_click_set(clicks_dir, num_train=64, num_test=16, vocab=50,
+                           num_shards=2)
+    for ds in (data.load("digits"), data.load("synthetic"),
+               data.load("tfrecord", data_dir=clicks_dir)):
+      with self.subTest(ds.name), tf.Graph().as_default() as graph:
+        data.train_input(ds, 8, 2, 1, seed=0)
+        data.test_input(ds, 8)
+        options = _iterated_options(graph)
+        self.assertLen(options, 2)  # The training and the test iterator.
+        for option in options:
+          self.assertIsNotNone(option)
+          self.assertTrue(option.autotune_options.HasField("enabled"))
+          self.assertFalse(option.autotune_options.enabled)
 
   def test_synthetic_pipeline(self):
     ds = data.load("synthetic")
