@@ -92,7 +92,8 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
           cfg, loss, trainable, reads, global_step)
       own_signature = run_signature.of(cfg, dataset.input_shape,
                                        dataset.num_classes)
-      signature, signature_published = _signature_variable(own_signature)
+      signature, signature_published = _signature_variable(
+          own_signature, on_ps=info is not None)
     tf.compat.v1.summary.scalar("loss", loss)
     tf.compat.v1.summary.scalar("train_accuracy", accuracy)
     model_variables = [v for v in tf.compat.v1.global_variables()
@@ -153,14 +154,18 @@ def _update(cfg: config_lib.Config, loss, trainable, reads, global_step):
   return train_op, applied_step, None
 
 
-def _signature_variable(own_signature: dict):
-  """The run signature's variable on the PS and whether it is set yet.
+def _signature_variable(own_signature: dict, on_ps: bool):
+  """The run signature's variable (on PS 0 if `on_ps`) and whether it is set.
 
+  On PS 0, not where the byte balancer would put it: that depends on the
+  model's variables, so a worker whose flags differ from the chief's would
+  look for it on another PS and wait for it rather than name the difference.
   Not checkpointed: the chief sets it afresh each start (PublishHook).
   """
-  signature = tf.compat.v1.get_variable(
-      "ps_trainer/run_signature", trainable=False,
-      initializer=tf.constant(run_signature.encode(own_signature)))
+  with tf.compat.v1.device("/job:ps/task:0" if on_ps else None):
+    signature = tf.compat.v1.get_variable(
+        "ps_trainer/run_signature", trainable=False,
+        initializer=tf.constant(run_signature.encode(own_signature)))
   published = tf.compat.v1.is_variable_initialized(signature)
   # Only non-chief workers run it; spare the others TF's "never used" dump.
   getattr(published, "mark_used", lambda: None)()

@@ -100,21 +100,26 @@ class ClusterRunTest(absltest.TestCase):
     testutil.assert_no_leftover(marker=log_dir)
 
   def test_worker_with_other_flags_than_the_chief_says_so_and_exits(self):
-    """A sync chief and an async worker would hang; the worker refuses."""
+    """A sync chief and an async worker would hang; the worker refuses. On
+    two PS, with another model: the chief's flags must be where the worker
+    looks for them whatever the model (train_graph._signature_variable)."""
     log_dir = testutil.make_tempdir(self)
-    hosts = testutil.cluster_hosts(num_ps=1, num_workers=2)
+    hosts = testutil.cluster_hosts(num_ps=2, num_workers=2)
     common = [testutil.PYTHON, "-m", "ps_trainer",
               f"--ps_hosts={hosts['ps_hosts']}",
               f"--worker_hosts={hosts['worker_hosts']}", f"--log_dir={log_dir}"]
     procs = self.start_tasks(log_dir, [
         ("ps-0", common + ["--job_name=ps", "--task_index=0"], None),
+        ("ps-1", common + ["--job_name=ps", "--task_index=1"], None),
         ("worker-0", common + ["--job_name=worker", "--task_index=0",
                                "--sync_replicas"], None),
-        ("worker-1", common + ["--job_name=worker", "--task_index=1"], None)])
+        ("worker-1", common + ["--job_name=worker", "--task_index=1",
+                               "--hidden_units=64,128"], None)])
     worker = procs["worker-1"]
     self.assertEqual(worker.wait(timeout=TIMEOUT_SECS), 2, worker.log_tail())
     log = worker.read_log()
     self.assertIn("this worker's settings differ from the chief's", log)
+    self.assertIn("hidden_units: 64,128 here but 128,64 on the chief", log)
     self.assertIn("sync_replicas: False here but True on the chief", log)
     self.assertNotIn("Traceback", log)
 

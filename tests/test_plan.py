@@ -69,6 +69,20 @@ class PlanTest(absltest.TestCase):
                      sum(v["bytes"] for v in printed["variables"]))
     self.assertGreater(printed["bytes_per_step_per_worker"], 0)
 
+  def test_the_run_signature_is_on_ps_0_whatever_the_model(self):
+    # A worker reads the chief's flags there before it trains. Placed by
+    # bytes, it moved with the model: a worker with other --hidden_units
+    # looked on another PS than the chief wrote to, and waited for it until
+    # --wait_timeout_secs rather than name the difference.
+    digits = data.load("digits")
+    for argv, num_ps in (((), 2), (("--hidden_units=64,128",), 2),
+                         (("--model=cnn",), 2), ((), 3),
+                         (("--model=linear",), 3)):
+      with self.subTest(argv=argv, num_ps=num_ps):
+        devices = _devices(_cfg(argv, num_ps, 2, worker=1), digits)
+        self.assertEqual(devices["ps_trainer/run_signature"],
+                         "/job:ps/task:0")
+
   def test_four_ps_hold_a_200k_row_embedding_within_1_3x(self):
     argv = ("--model=wide_deep", "--dataset=tfrecord",
             f"--data_dir={self.data_dir}", "--vocab_size=200000",
