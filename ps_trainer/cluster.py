@@ -194,6 +194,10 @@ def parse_tf_config(text: str, num_workers: Optional[int] = None
     # Kubeflow's sparse config gives a PS only its own address, as a one-entry
     # list, whatever its index: it belongs at the task's index.
     jobs["ps"] = {task_index: jobs["ps"][0]}
+  if task_type == "evaluator" and task_index != 0:
+    raise ClusterError(
+        f"TF_CONFIG field \"task\" is evaluator {task_index}: a job has one "
+        "evaluator, index 0 (two would write the same eval.json)")
   if task_type != "evaluator" and task_index not in jobs.get(task_type, {}):
     listed = sorted(jobs.get(task_type, {}))
     raise ClusterError(

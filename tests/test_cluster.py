@@ -359,6 +359,11 @@ _ERRORS = (
      (_tf_config(_PS_WORKERS, "ps", -1),), {},
      r"^TF_CONFIG field \"task\" is ps -1, which the cluster does not list; "
      r"listed ps indices: \[0\]$"),
+    ("tf_config_second_evaluator", cluster.parse_tf_config,
+     (_tf_config(dict(_PS_WORKERS, evaluator=["e0:2222", "e1:2222"]),
+                 "evaluator", 1),), {},
+     r"^TF_CONFIG field \"task\" is evaluator 1: a job has one evaluator, "
+     r"index 0 \(two would write the same eval\.json\)$"),
     ("tf_config_chief_task_without_chief_job", cluster.parse_tf_config,
      (_tf_config(_PS_WORKERS, "chief"),), {},
      r"^TF_CONFIG field \"task\" is chief 0, .* listed chief indices: none$"),
