@@ -191,6 +191,8 @@ run_local() {
       --log_dir=*) log_dir=${1#*=} ;;
       --no_isolate) isolate=0 ;;
       --evaluator) evaluator=1 ;;
+      --evaluator=* | --no_isolate=*)
+        DIE_STATUS=2 die "${1%%=*} takes no value (got $1): pass ${1%%=*} to turn it on, nothing to leave it off" ;;
       --num_ps | --num_workers | --log_dir)
         (($# >= 2)) || DIE_STATUS=2 die "$1 needs a value"
         case $1 in

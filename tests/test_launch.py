@@ -72,6 +72,15 @@ class LaunchInputTest(absltest.TestCase):
         self.assertEqual(len(out.strip().splitlines()), 1, out)
         self.assertIn(flag.split("=")[0], out)
 
+  def test_a_launcher_switch_given_a_value_is_named_as_such(self):
+    # Passed on, the trainer would call it an unknown flag, which it is not.
+    for flag in ("--evaluator=yes", "--no_isolate=1"):
+      with self.subTest(flag=flag):
+        code, out = _run([testutil.LAUNCH_SH, "local", flag])
+        self.assertEqual(code, 2, out)
+        self.assertEqual(out.strip(), f"launch.sh: {flag.split('=')[0]} takes no value (got "
+                         f"{flag}): pass {flag.split('=')[0]} to turn it on, nothing to leave it off")
+
   def test_a_bad_trainer_flag_is_the_trainers_one_line_before_any_task_starts(self):
     cwd = testutil.make_tempdir(self)  # where the default runs/local-<time> would go
     for flags, says in (
