@@ -30,6 +30,7 @@ from absl import flags
 import numpy as np
 
 from ps_trainer import errors
+from ps_trainer import output_dir
 from ps_trainer import quiet_import
 
 if __name__ == "__main__":
@@ -213,6 +214,11 @@ def main(argv=None) -> int:
     print(f"clicks: error: --train_examples={fv.train_examples} is fewer than "
           f"--shards={fv.shards}; every train file needs at least one example",
           file=sys.stderr)
+    return 2
+  try:
+    output_dir.prepare(fv.out_dir, "--out_dir")
+  except output_dir.OutputDirError as e:  # A file there, or not writable.
+    print(f"clicks: error: {e}", file=sys.stderr)
     return 2
   start = time.monotonic()
   try:

@@ -508,14 +508,17 @@ class ClicksTest(absltest.TestCase):
     blocker = os.path.join(testutil.make_tempdir(self), "file")
     with open(blocker, "w", encoding="utf-8") as f:
       f.write("not a directory")
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-      status = clicks.main(["clicks", f"--out_dir={blocker}/clicks",
-                            "--train_examples=10", "--test_examples=5"])
-    self.assertEqual(status, 2)
-    self.assertRegex(err.getvalue(),
-                     r"^clicks: error: --out_dir=.*/file/clicks: cannot write "
-                     r"there \(.+\); pass a directory this user can write\n$")
+    for out_dir, reason in (
+        (f"{blocker}/clicks", r"/file/clicks: cannot write there \(.+\); pass a "
+                              r"directory this user can create and write"),
+        (blocker, r"/file: is a file, not a directory; pass a directory \(it is "
+                  r"created if missing\)")):
+      err = io.StringIO()
+      with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = clicks.main(["clicks", f"--out_dir={out_dir}",
+                              "--train_examples=10", "--test_examples=5"])
+      self.assertEqual(status, 2)
+      self.assertRegex(err.getvalue(), rf"^clicks: error: --out_dir=.*{reason}\n$")
 
   def test_an_interrupted_write_leaves_no_train_file(self):
     directory = os.path.join(testutil.make_tempdir(self), "clicks")
