@@ -7,7 +7,7 @@ the shared --log_dir. So it can never slow or stall training, and it can be
 started, killed and restarted at any time.
 
 For each checkpoint it has not scored yet it writes TensorBoard summaries
-under <log_dir>/eval/ and appends {global_step, loss, accuracy} to
+under <log_dir>/eval/ and appends {global_step, checkpoint, loss, accuracy} to
 <log_dir>/eval.json. It exits once the run has finished (the chief's
 result.json, at --train_steps or past it) and it has scored the checkpoint
 the chief wrote last.
@@ -103,8 +103,10 @@ class _Evaluation:
     self.saver.restore(session, checkpoint)
     step = int(session.run(self.global_step))
     metrics = self.evaluate(session)
-    return {"global_step": step, "loss": metrics["loss"],
-            "accuracy": metrics["accuracy"]}
+    # Named too: an async chief's checkpoint file can be named a step or two
+    # before the step it holds (the others train during its save).
+    return {"global_step": step, "checkpoint": os.path.basename(checkpoint),
+            "loss": metrics["loss"], "accuracy": metrics["accuracy"]}
 
 
 def _finished_step(log_dir: str, train_steps: int) -> Optional[int]:

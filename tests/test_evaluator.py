@@ -53,6 +53,7 @@ class EvaluatorTest(absltest.TestCase):
     result = self.train(300)
     scores = self.evaluate(300)
     self.assertEqual([s["global_step"] for s in scores], [300])
+    self.assertEqual(scores[0]["checkpoint"], "model.ckpt-300")
     self.assertAlmostEqual(scores[0]["accuracy"], result["accuracy"], places=6)
     self.assertAlmostEqual(scores[0]["loss"], result["loss"], places=5)
     # TensorBoard finds the same figures under <log_dir>/eval/.
