@@ -364,7 +364,7 @@ def _without_autotune(dataset):
   That thread waits between its rounds, and the rounds grow to 60 s. Closing
   a session (or initializing an iterator again) wakes it before TF marks the
   iterator cancelled, so it can miss the wake-up and hold the close for the
-  rest of its round: seen as 10-17 s ends of runs on tasks pinned to one core.
+  rest of its round: seen as 10-30 s ends of runs on tasks pinned to one core.
   Without it, prefetch(AUTOTUNE) still grows its buffer when it runs dry, and
   map(num_parallel_calls=AUTOTUNE) runs on as many threads as its pool has.
   """
