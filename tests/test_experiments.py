@@ -46,7 +46,11 @@ class BadInputTest(absltest.TestCase):
                                            "flag (--name=value)"),
                       ("--sync_replicas", "--sync_replicas: set for each run "
                                           "by this command itself"),
-                      ("--batch_size=0", "flag --batch_size=0: must be >= 1")):
+                      ("--batch_size=0", "flag --batch_size=0: must be >= 1"),
+                      ("--batch_size=abc", "flag --batch_size=abc: expected a whole number"),
+                      # absl's logging has a --log_dir too, which took it unsaid.
+                      ("--log_dir=/tmp/elsewhere", "--log_dir=/tmp/elsewhere: set for each "
+                                                   "run by this command itself")):
       code, _, err = _run(["bench", "--no_isolate", arg], 60)
       self.assertEqual(code, 2, err)
       lines = err.strip().splitlines()

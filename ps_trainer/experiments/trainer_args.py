@@ -42,7 +42,7 @@ def parse(argv: List[str], owned: Set[str],
   try:
     fv(["runs"] + [f"--{k}={v}" for k, v in values.items()])
   except flags.Error as e:
-    raise ArgsError(str(e)) from None
+    raise ArgsError(errors.flag_error(e)) from None
   return values
 
 
@@ -61,8 +61,13 @@ def own_flags_parser(command: str):
   the rest left for `parse`; a bad value of its own is one line and exit 2,
   not absl's traceback."""
   def parse_own(argv: List[str]) -> List[str]:
+    # absl's logging defines --log_dir too, so FLAGS would take the trainer's
+    # (which each run sets itself) and drop it unsaid: `parse` refuses it.
+    trainer_log_dir = [arg for arg in argv[1:] if arg == "--log_dir"
+                       or arg.startswith("--log_dir=")]
     try:
-      return flags.FLAGS(argv, known_only=True)
+      return flags.FLAGS([arg for arg in argv if arg not in trainer_log_dir],
+                         known_only=True) + trainer_log_dir
     except flags.Error as e:
       print(f"{command}: error: {errors.flag_error(e)}", file=sys.stderr,
             flush=True)
