@@ -13,6 +13,7 @@ from typing import Mapping, Optional
 
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import flags as flags_lib
+from ps_trainer import readers
 
 DEFAULT_CHECKPOINT_SECS = 60
 
@@ -123,7 +124,7 @@ def from_flag_values(values: Mapping, tf_config: str,
       values["task_index"], tf_config, values["num_workers"])
   num_workers = cluster.num_workers if cluster else 1
   _check_model_reads_data(values["model"], values["dataset"])
-  _check_data_flags_are_read(values)
+  check_data_flags(values)
   return Config(
       cluster=cluster,
       data=DataConfig(values["dataset"], values["data_dir"],
@@ -187,16 +188,25 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
 _READS = {"data_dir": ("mnist", "tfrecord"), "data_path": ("npz",)}
 
 
-def _check_data_flags_are_read(values: Mapping) -> None:
-  """A data flag the data set ignores is a mistake: without this, the run
-  trains on something else (the bundled digits, say) and exits 0."""
+def check_data_flags(values: Mapping) -> None:
+  """The data set's file flag is set, and no other: a data flag the data set
+  ignores is a mistake (without this, the run trains on something else, the
+  bundled digits say, and exits 0).
+
+  Raises:
+    ConfigError: naming the flag.
+  """
   dataset = values["dataset"]
-  for flag, readers in _READS.items():
-    if values[flag] and dataset not in readers:
+  for flag, reading in _READS.items():
+    if values[flag] and dataset not in reading:
       raise ConfigError(
           f"--{flag}={values[flag]}: --dataset={dataset} does not read it; "
-          f"only --dataset={' or --dataset='.join(readers)} does (add the "
+          f"only --dataset={' or --dataset='.join(reading)} does (add the "
           f"--dataset that holds these files, or drop --{flag})")
+  missing = readers.missing_file_flag(dataset, values["data_dir"],
+                                      values["data_path"])
+  if missing:
+    raise ConfigError(missing)
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

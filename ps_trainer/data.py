@@ -131,16 +131,12 @@ def load(name, data_dir="", data_path=""):
     x_test, y_test = synthetic_arrays(SYNTHETIC_TEST_SIZE, _SYNTHETIC_TEST_SEED)
     return DataSet(name, SYNTHETIC_SHAPE, SYNTHETIC_CLASSES, None, None,
                    x_test, y_test)
+  missing = readers.missing_file_flag(name, data_dir, data_path)
+  if missing:
+    raise DataError(missing)
   if name == "mnist":
-    if not data_dir:
-      raise DataError(f"--data_dir is not set; {readers.MNIST_NEEDS} in "
-                      f"--data_dir=DIR")
     return _from_arrays(name, *readers.read_mnist(data_dir))
   if name == "npz":
-    if not data_path:
-      raise DataError(
-          "--data_path is not set; --dataset=npz needs --data_path=FILE.npz "
-          f"with keys {', '.join(readers.NPZ_KEYS)}")
     arrays = readers.read_npz(data_path, f"--data_path={data_path}",
                               "--dataset=npz")
     return _from_arrays(name, arrays["x_train"], arrays["y_train"],

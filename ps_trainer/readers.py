@@ -47,6 +47,25 @@ MNIST_NEEDS = ("--dataset=mnist needs the four MNIST IDX files (" +
                ", ".join(name + "[.gz]" for name in MNIST_FILES) + ")")
 
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+TFRECORD_NEEDS = (
+    "--dataset=tfrecord needs --data_dir=DIR holding train* and test* files: "
+    "uncompressed TFRecord files of tf.train.Example with features ids (int64 "
+    "list), label (int64, 0 or 1) and optional dense (float list, the same "
+    "length in every record)")
+
+
+def missing_file_flag(dataset: str, data_dir: str, data_path: str) -> str:
+  """The one line for a data set whose file flag is not set; "" when it is,
+  or when the data set reads no file. Pure, so flags are checked before
+  TensorFlow loads and before a launcher starts any task."""
+  if dataset in ("mnist", "tfrecord") and not data_dir:
+    needs = (f"{MNIST_NEEDS} in --data_dir=DIR" if dataset == "mnist"
+             else TFRECORD_NEEDS)
+    return f"--data_dir is not set; {needs}"
+  if dataset == "npz" and not data_path:
+    return ("--data_path is not set; --dataset=npz needs --data_path=FILE.npz "
+            f"with keys {', '.join(NPZ_KEYS)}")
+  return ""
 
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension

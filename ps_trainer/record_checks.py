@@ -37,11 +37,7 @@ __all__ = ["DataError", "RecordSet", "inspect", "find_bad_record",
 
 DataError = readers.DataError
 
-TFRECORD_NEEDS = (
-    "--dataset=tfrecord needs --data_dir=DIR holding train* and test* files: "
-    "uncompressed TFRecord files of tf.train.Example with features ids (int64 "
-    "list), label (int64, 0 or 1) and optional dense (float list, the same "
-    "length in every record)")
+TFRECORD_NEEDS = readers.TFRECORD_NEEDS
 _CONTEXT = "(--dataset=tfrecord)"
 
 # Records read per file by inspect: enough to learn the schema and catch a
@@ -188,7 +184,7 @@ def file_names(paths, most=3):
 def _list_files(data_dir):
   """Returns (train files, test files) of data_dir: sorted full paths."""
   if not data_dir:
-    raise DataError(f"--data_dir is not set; {TFRECORD_NEEDS}")
+    raise DataError(readers.missing_file_flag("tfrecord", data_dir, ""))
   if not os.path.isdir(data_dir):
     raise DataError(f"--data_dir={data_dir}: no such directory; "
                     f"{TFRECORD_NEEDS}")

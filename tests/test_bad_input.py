@@ -233,9 +233,7 @@ _CASES = (
                    '"task": {"type": "worker", "index": 2}}'},
      ['TF_CONFIG field "task"', "worker 2", "the cluster does not list",
       "listed worker indices: [0, 1]"]),
-    # Data: checked after TensorFlow loads.
-    ("mnist_without_data_dir", None, ["--dataset=mnist", _SHORT], {},
-     ["--data_dir is not set", _MNIST_NEEDS, "train-images-idx3-ubyte[.gz]"]),
+    # Data: checked after TensorFlow loads (its flags before, below).
     ("mnist_data_dir_missing", None, ["--dataset=mnist", "--data_dir={tmp}/absent", _SHORT], {},
      ["--data_dir={tmp}/absent", "no such directory", _MNIST_NEEDS]),
     ("npz_data_path_missing", None, ["--dataset=npz", "--data_path={tmp}/absent.npz", _SHORT], {},
@@ -254,8 +252,6 @@ _CASES = (
     ("wide_deep_on_images", None, ["--model=wide_deep"], {},
      ["--model=wide_deep needs click records with sparse ids", "--dataset=digits",
       "use --dataset=tfrecord --data_dir=DIR"]),
-    ("tfrecord_without_data_dir", None, ["--model=wide_deep", "--dataset=tfrecord", _SHORT], {},
-     ["--data_dir is not set", "--dataset=tfrecord"]),
     ("tfrecord_without_train_files", _click_dir_without_train,
      ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks", _SHORT], {},
      ["--data_dir={tmp}/clicks", "train"]),
@@ -269,6 +265,14 @@ _CASES = (
      ["--model=wide_deep", "--dataset=tfrecord", "--data_dir={tmp}/clicks",
       "--vocab_size=300000000000", _SHORT], {},
      ["--vocab_size=300000000000: must be between 1 and 2147483647"]),
+    # The data set's file flag, unset: refused before TensorFlow loads, so `launch.sh local`,
+    # bench and compare refuse it before they start any task.
+    ("mnist_without_data_dir", None, ["--dataset=mnist", _SHORT], {},
+     ["--data_dir is not set", _MNIST_NEEDS, "train-images-idx3-ubyte[.gz]"]),
+    ("tfrecord_without_data_dir", None, ["--model=wide_deep", "--dataset=tfrecord", _SHORT], {},
+     ["--data_dir is not set", "--dataset=tfrecord"]),
+    ("npz_without_data_path", None, ["--dataset=npz", _SHORT], {},
+     ["--data_path is not set", _NPZ_KEYS]),
     # A data flag that the data set ignores: the run would train on something else and exit 0.
     ("data_path_without_dataset_npz", None, ["--data_path={tmp}/x.npz", _SHORT], {},
      ["--data_path={tmp}/x.npz", "--dataset=digits does not read it", "only --dataset=npz"]),

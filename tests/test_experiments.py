@@ -48,6 +48,8 @@ class BadInputTest(absltest.TestCase):
                                           "by this command itself"),
                       ("--batch_size=0", "flag --batch_size=0: must be >= 1"),
                       ("--batch_size=abc", "flag --batch_size=abc: expected a whole number"),
+                      # Found by the runs' launcher: one line, but after a cluster's start.
+                      ("--dataset=mnist", "--data_dir is not set; --dataset=mnist needs"),
                       # absl's logging has a --log_dir too, which took it unsaid.
                       ("--log_dir=/tmp/elsewhere", "--log_dir=/tmp/elsewhere: set for each "
                                                    "run by this command itself")):

@@ -6,6 +6,7 @@ from typing import Dict, List, Set
 
 from absl import flags
 
+from ps_trainer import config as config_lib
 from ps_trainer import errors
 from ps_trainer import flags as trainer_flags
 
@@ -41,8 +42,11 @@ def parse(argv: List[str], owned: Set[str],
     values[name] = value
   try:
     fv(["runs"] + [f"--{k}={v}" for k, v in values.items()])
+    config_lib.check_data_flags(fv.flag_values_dict())
   except flags.Error as e:
     raise ArgsError(errors.flag_error(e)) from None
+  except config_lib.ConfigError as e:
+    raise ArgsError(str(e)) from None
   return values
 
 
