@@ -18,6 +18,8 @@ RESTART_GRACE_SECS = 30.0
 # How long a chief that refuses connections at the end of a run gets to come
 # back (one starting itself again takes 3-10 s) before it counts as gone.
 CHIEF_BACK_SECS = 15.0
+# How often a worker looks whether the chief has the model ready.
+_CHIEF_POLL_SECS = 0.05
 
 
 class Peers:
@@ -64,19 +66,22 @@ class Peers:
   def _wait_for_chief(self) -> None:
     """MonitoredTrainingSession would wait too, but checks only every 30 s,
     so a worker that starts a moment before the chief would miss half a
-    short run."""
+    short run. Each look is one small read on a PS, so it looks often: at
+    every 0.5 s an async chief trained some hundred steps alone."""
     tg = self._tg
     what = "the chief to initialize or restore the model"
     with repeats.session(self._target, graph=tg.graph,
                          config=self._session_config) as session:
       waits.wait_until(lambda: session.run(tg.signature_published), what,
-                       self._timeout, stop=self._stop)
+                       self._timeout, poll_secs=_CHIEF_POLL_SECS,
+                       stop=self._stop)
       problem = run_signature.mismatch(
           tg.own_signature, session.run(tg.signature).decode())
       if problem:
         raise run_signature.MismatchError(problem)
       waits.wait_until(waits.all_initialized(session, tg.model_not_ready), what,
-                       self._timeout, stop=self._stop)
+                       self._timeout, poll_secs=_CHIEF_POLL_SECS,
+                       stop=self._stop)
 
   def stall_reason(self) -> str:
     """What a long step waits for: the peers it needs that do not answer."""

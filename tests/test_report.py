@@ -79,6 +79,25 @@ class FiguresTest(absltest.TestCase):
                           "sync": _run(50, records)}, None)
     self.assertIsNone(report.accuracy_gap(old["modes"]))
 
+  def test_names_a_worker_that_started_late(self):
+    # A short async run: worker 1's session came up after 40 of the 100 steps,
+    # so the first 40 were the chief's alone.
+    chief = _records([1.0] * 70, [0] * 70)
+    late = [dict(r, step=40 + 2 * i, worker="worker-1")
+            for i, r in enumerate(_records([1.0] * 30, [1] * 30, start=1000.4))]
+    fig = report.figures({"async": _run(100, chief + late),
+                          "sync": _run(50, _records([1.0] * 50))}, None)
+    self.assertEqual(fig["modes"][0]["workers"],
+                     {"chief": {"steps": 70, "first_step": 1},
+                      "worker-1": {"steps": 30, "first_step": 40}})
+    text = report.markdown(fig, "./launch.sh compare --out_dir=x")
+    self.assertIn("| async | worker-1 | 30 | 40 |", text)
+    self.assertIn("| sync | chief | 50 | 1 |", text)
+    self.assertIn("Started late: worker-1 (async) first trained at global step 40 of 100. ",
+                  text)
+    on_time = report.figures({"sync": _run(50, _records([1.0] * 50))}, None)
+    self.assertNotIn("Started late", report.markdown(on_time, "x"))
+
   def test_writes_the_three_files(self):
     out_dir = testutil.make_tempdir(self)
     fig = report.figures(

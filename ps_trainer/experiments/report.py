@@ -78,6 +78,22 @@ def staleness(records: List[dict]) -> Optional[dict]:
       "counts": {str(k): counts[k] for k in sorted(counts)}}
 
 
+def workers(records: List[dict]) -> Dict[str, dict]:
+  """Per worker (its records' file name): the steps it trained and the
+  global step of its first. An async worker joins once its session is up,
+  so a short run's first steps can have fewer workers than the rest."""
+  by_worker = {}
+  for record in records:  # In time order.
+    worker = by_worker.setdefault(record["worker"],
+                                  {"steps": 0, "first_step": record["step"]})
+    worker["steps"] += 1
+  return dict(sorted(by_worker.items()))
+
+
+# A worker that first trained past this share of a run's steps is named.
+_LATE_SHARE = 0.1
+
+
 def figures(runs: Dict[str, dict], target_loss: Optional[float]) -> dict:
   """runs: mode -> {"result": result.json, "records": [...], "process_secs":
   the run's processes from start to end}.
@@ -106,7 +122,8 @@ def figures(runs: Dict[str, dict], target_loss: Optional[float]) -> dict:
         "global_step": result["global_step"],
         "to_target": (reaching(curves[mode], target_loss)
                       if target_loss is not None else None),
-        "staleness": staleness(run["records"])})
+        "staleness": staleness(run["records"]),
+        "workers": workers(run["records"])})
   return {"target_loss": target_loss, "smoothing": SMOOTHING, "modes": modes,
           "curves": curves}
 
@@ -175,6 +192,7 @@ def markdown(fig: dict, command: str) -> str:
   gap = accuracy_gap(fig["modes"])
   if gap:
     lines += [gap, ""]
+  lines += _worker_lines(fig["modes"])
   for m in fig["modes"]:
     dist = m["staleness"]
     if not dist:
@@ -192,6 +210,29 @@ def markdown(fig: dict, command: str) -> str:
     lines.append("")
   lines.append("Curves: comparison.png; figures: comparison.json.")
   return "\n".join(lines) + "\n"
+
+
+def _worker_lines(modes: List[dict]) -> List[str]:
+  """The steps each worker trained, and a sentence for one that started late."""
+  lines = ["## Steps per worker", "",
+           "| mode | worker | steps trained | first at global step |",
+           "|---|---|---:|---:|"]
+  late = []
+  for m in modes:
+    for name, worker in m["workers"].items():
+      lines.append(f"| {m['mode']} | {name} | {worker['steps']} | "
+                   f"{worker['first_step']} |")
+      if worker["first_step"] > _LATE_SHARE * m["global_step"]:
+        late.append(f"{name} ({m['mode']}) first trained at global step "
+                    f"{worker['first_step']} of {m['global_step']}")
+  lines.append("")
+  if late:
+    lines += [
+        f"Started late: {'; '.join(late)}. The steps before it had fewer "
+        "workers, so that run's speed and staleness partly describe a smaller "
+        "job: an async worker joins once its session is up, a moment after "
+        "the chief starts. A longer --train_steps makes that share small.", ""]
+  return lines
 
 
 def draw(fig: dict, path: str) -> None:
