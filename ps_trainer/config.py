@@ -184,10 +184,6 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
         "--model=wide_deep")
 
 
-# Which data sets read --data_dir and --data_path (data.load).
-_READS = {"data_dir": ("mnist", "tfrecord"), "data_path": ("npz",)}
-
-
 def check_data_flags(values: Mapping) -> None:
   """The data set's file flag is set, and no other: a data flag the data set
   ignores is a mistake (without this, the run trains on something else, the
@@ -197,7 +193,7 @@ def check_data_flags(values: Mapping) -> None:
     ConfigError: naming the flag.
   """
   dataset = values["dataset"]
-  for flag, reading in _READS.items():
+  for flag, reading in readers.FILE_FLAGS.items():
     if values[flag] and dataset not in reading:
       raise ConfigError(
           f"--{flag}={values[flag]}: --dataset={dataset} does not read it; "

@@ -53,22 +53,30 @@ TFRECORD_NEEDS = (
     "list), label (int64, 0 or 1) and optional dense (float list, the same "
     "length in every record)")
 
+_IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
+_IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
+
+# Which data sets read --data_dir and --data_path (data.load).
+FILE_FLAGS = {"data_dir": ("mnist", "tfrecord"), "data_path": ("npz",)}
+# What each of them needs there, for the line that says it is not set.
+_FILE_NEEDS = {
+    "mnist": f"{MNIST_NEEDS} in --data_dir=DIR",
+    "tfrecord": TFRECORD_NEEDS,
+    "npz": ("--dataset=npz needs --data_path=FILE.npz with keys "
+            f"{', '.join(NPZ_KEYS)}")}
+
 
 def missing_file_flag(dataset: str, data_dir: str, data_path: str) -> str:
   """The one line for a data set whose file flag is not set; "" when it is,
   or when the data set reads no file. Pure, so flags are checked before
   TensorFlow loads and before a launcher starts any task."""
-  if dataset in ("mnist", "tfrecord") and not data_dir:
-    needs = (f"{MNIST_NEEDS} in --data_dir=DIR" if dataset == "mnist"
-             else TFRECORD_NEEDS)
-    return f"--data_dir is not set; {needs}"
-  if dataset == "npz" and not data_path:
-    return ("--data_path is not set; --dataset=npz needs --data_path=FILE.npz "
-            f"with keys {', '.join(NPZ_KEYS)}")
+  values = {"data_dir": data_dir, "data_path": data_path}
+  for flag, reading in FILE_FLAGS.items():
+    if dataset in reading and not values[flag]:
+      return f"--{flag} is not set; {_FILE_NEEDS[dataset]}"
   return ""
 
-_IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
-_IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
+
 _GZIP_MAGIC = b"\x1f\x8b"
 
 

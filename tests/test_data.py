@@ -23,7 +23,6 @@ import tensorflow as tf
 from tensorflow.core.framework import dataset_options_pb2
 
 from ps_trainer import clicks
-from ps_trainer import config
 from ps_trainer import data
 from ps_trainer import host_cores
 from ps_trainer import readers
@@ -356,10 +355,11 @@ class NpzTest(parameterized.TestCase):
 class LoadTest(parameterized.TestCase):
 
   def test_the_config_knows_which_data_sets_read_which_flag(self):
-    # config.py refuses a data flag the data set ignores; its table must be data.load's.
+    # config.py refuses a data flag the data set ignores, and a missing one; its table must
+    # be data.load's.
     missing = os.path.join(testutil.make_tempdir(self), "absent")
     for name in data.DATASETS:
-      for flag, readers_of_flag in config._READS.items():  # pylint: disable=protected-access
+      for flag, readers_of_flag in readers.FILE_FLAGS.items():
         try:
           data.load(name, **{flag: missing})
           read = False
