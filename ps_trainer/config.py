@@ -13,7 +13,7 @@ from typing import Mapping, Optional
 
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import flags as flags_lib
-from ps_trainer import readers
+from ps_trainer import data_files
 
 DEFAULT_CHECKPOINT_SECS = 60
 
@@ -124,7 +124,7 @@ def from_flag_values(values: Mapping, tf_config: str,
       values["task_index"], tf_config, values["num_workers"])
   num_workers = cluster.num_workers if cluster else 1
   _check_model_reads_data(values["model"], values["dataset"])
-  check_data_flags(values)
+  _check_data_flags_are_read(values)
   return Config(
       cluster=cluster,
       data=DataConfig(values["dataset"], values["data_dir"],
@@ -185,24 +185,30 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
 
 
 def check_data_flags(values: Mapping) -> None:
-  """The data set's file flag is set, and no other: a data flag the data set
-  ignores is a mistake (without this, the run trains on something else, the
-  bundled digits say, and exits 0).
+  """The data set's file flag is set, and no other: for the flags a user
+  gave (main, bench, compare), so a missing one is one line before anything
+  starts. A Config alone may lack it: a test passes its DataSet itself.
 
   Raises:
     ConfigError: naming the flag.
   """
+  _check_data_flags_are_read(values)
+  missing = data_files.missing_file_flag(values["dataset"], values["data_dir"],
+                                      values["data_path"])
+  if missing:
+    raise ConfigError(missing)
+
+
+def _check_data_flags_are_read(values: Mapping) -> None:
+  """A data flag the data set ignores is a mistake: without this, the run
+  trains on something else (the bundled digits, say) and exits 0."""
   dataset = values["dataset"]
-  for flag, reading in readers.FILE_FLAGS.items():
+  for flag, reading in data_files.FILE_FLAGS.items():
     if values[flag] and dataset not in reading:
       raise ConfigError(
           f"--{flag}={values[flag]}: --dataset={dataset} does not read it; "
           f"only --dataset={' or --dataset='.join(reading)} does (add the "
           f"--dataset that holds these files, or drop --{flag})")
-  missing = readers.missing_file_flag(dataset, values["data_dir"],
-                                      values["data_path"])
-  if missing:
-    raise ConfigError(missing)
 
 
 def _replicas_to_aggregate(values: Mapping, num_workers: int) -> Optional[int]:

@@ -27,6 +27,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import data_files
 from ps_trainer import readers
 from ps_trainer import record_checks
 from ps_trainer import tfrecords
@@ -131,7 +132,7 @@ def load(name, data_dir="", data_path=""):
     x_test, y_test = synthetic_arrays(SYNTHETIC_TEST_SIZE, _SYNTHETIC_TEST_SEED)
     return DataSet(name, SYNTHETIC_SHAPE, SYNTHETIC_CLASSES, None, None,
                    x_test, y_test)
-  missing = readers.missing_file_flag(name, data_dir, data_path)
+  missing = data_files.missing_file_flag(name, data_dir, data_path)
   if missing:
     raise DataError(missing)
   if name == "mnist":

@@ -43,6 +43,7 @@ def main(argv) -> int:
   try:
     cfg = config_lib.from_flag_values(FLAGS.flag_values_dict(),
                                       os.environ.get("TF_CONFIG", ""))
+    config_lib.check_data_flags(FLAGS.flag_values_dict())
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 from ps_trainer import errors
+from ps_trainer.data_files import MNIST_FILES, MNIST_NEEDS, NPZ_KEYS
 
 
 class DataError(ValueError):
@@ -36,46 +37,8 @@ def check_shard(num_shards, shard_index):
     raise DataError(f"shard_index={shard_index}: must be in [0, {num_shards})")
 
 
-# Base name -> what it holds; the order is the order of read_mnist's result.
-MNIST_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-MNIST_NEEDS = ("--dataset=mnist needs the four MNIST IDX files (" +
-               ", ".join(name + "[.gz]" for name in MNIST_FILES) + ")")
-
-NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
-TFRECORD_NEEDS = (
-    "--dataset=tfrecord needs --data_dir=DIR holding train* and test* files: "
-    "uncompressed TFRecord files of tf.train.Example with features ids (int64 "
-    "list), label (int64, 0 or 1) and optional dense (float list, the same "
-    "length in every record)")
-
 _IDX_IMAGES_MAGIC = 0x00000803  # unsigned byte, 3 dimensions
 _IDX_LABELS_MAGIC = 0x00000801  # unsigned byte, 1 dimension
-
-# Which data sets read --data_dir and --data_path (data.load).
-FILE_FLAGS = {"data_dir": ("mnist", "tfrecord"), "data_path": ("npz",)}
-# What each of them needs there, for the line that says it is not set.
-_FILE_NEEDS = {
-    "mnist": f"{MNIST_NEEDS} in --data_dir=DIR",
-    "tfrecord": TFRECORD_NEEDS,
-    "npz": ("--dataset=npz needs --data_path=FILE.npz with keys "
-            f"{', '.join(NPZ_KEYS)}")}
-
-
-def missing_file_flag(dataset: str, data_dir: str, data_path: str) -> str:
-  """The one line for a data set whose file flag is not set; "" when it is,
-  or when the data set reads no file. Pure, so flags are checked before
-  TensorFlow loads and before a launcher starts any task."""
-  values = {"data_dir": data_dir, "data_path": data_path}
-  for flag, reading in FILE_FLAGS.items():
-    if dataset in reading and not values[flag]:
-      return f"--{flag} is not set; {_FILE_NEEDS[dataset]}"
-  return ""
-
 
 _GZIP_MAGIC = b"\x1f\x8b"
 

@@ -29,6 +29,7 @@ from google.protobuf import message
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import data_files
 from ps_trainer import errors
 from ps_trainer import readers
 
@@ -37,7 +38,7 @@ __all__ = ["DataError", "RecordSet", "inspect", "find_bad_record",
 
 DataError = readers.DataError
 
-TFRECORD_NEEDS = readers.TFRECORD_NEEDS
+TFRECORD_NEEDS = data_files.TFRECORD_NEEDS
 _CONTEXT = "(--dataset=tfrecord)"
 
 # Records read per file by inspect: enough to learn the schema and catch a
@@ -184,7 +185,7 @@ def file_names(paths, most=3):
 def _list_files(data_dir):
   """Returns (train files, test files) of data_dir: sorted full paths."""
   if not data_dir:
-    raise DataError(readers.missing_file_flag("tfrecord", data_dir, ""))
+    raise DataError(data_files.missing_file_flag("tfrecord", data_dir, ""))
   if not os.path.isdir(data_dir):
     raise DataError(f"--data_dir={data_dir}: no such directory; "
                     f"{TFRECORD_NEEDS}")

@@ -24,6 +24,7 @@ from tensorflow.core.framework import dataset_options_pb2
 
 from ps_trainer import clicks
 from ps_trainer import data
+from ps_trainer import data_files
 from ps_trainer import host_cores
 from ps_trainer import readers
 import testutil
@@ -359,7 +360,7 @@ class LoadTest(parameterized.TestCase):
     # be data.load's.
     missing = os.path.join(testutil.make_tempdir(self), "absent")
     for name in data.DATASETS:
-      for flag, readers_of_flag in readers.FILE_FLAGS.items():
+      for flag, readers_of_flag in data_files.FILE_FLAGS.items():
         try:
           data.load(name, **{flag: missing})
           read = False

@@ -361,6 +361,20 @@ class RestartTest(absltest.TestCase):
         "task: got SIGTERM: stopping after the current step (at most 20 s)",
         "new program: SIGTERM"], proc.stderr)
 
+  @absltest.skipIf(not os.path.isdir("/proc/self/task"), "needs Linux /proc")
+  def test_what_a_task_imports_before_it_blocks_the_signals_starts_no_thread(self):
+    # install() blocks SIGTERM in the threads started after it; one started
+    # before (numpy's BLAS pool, once imported by config through readers) can
+    # take the signal, whose default action ends the task at once (exit -15)
+    # instead of stopping it.
+    import testutil  # pylint: disable=g-import-not-at-top
+    program = ("import os; from ps_trainer import cluster, config, main, output_dir, stops; "
+               "print(len(os.listdir('/proc/self/task')))")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env=testutil.trainer_env(), check=False)
+    self.assertEqual(proc.returncode, 0, proc.stderr)
+    self.assertEqual(proc.stdout.strip(), "1", "threads before install()")
+
   def test_last_resorts_share_one_budget_and_name_the_one_cut_short(self):
     stop = stops.StopRequest("chief")
     ran = []
