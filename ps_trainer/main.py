@@ -40,10 +40,10 @@ def main(argv) -> int:
   # before TensorFlow loads.
   from ps_trainer import cluster as cluster_lib
   from ps_trainer import config as config_lib
+  values = FLAGS.flag_values_dict()
   try:
-    cfg = config_lib.from_flag_values(FLAGS.flag_values_dict(),
-                                      os.environ.get("TF_CONFIG", ""))
-    config_lib.check_data_flags(FLAGS.flag_values_dict())
+    cfg = config_lib.from_flag_values(values, os.environ.get("TF_CONFIG", ""))
+    config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []

@@ -32,13 +32,13 @@ import tensorflow as tf
 from ps_trainer import data_files
 from ps_trainer import errors
 from ps_trainer import readers
+from ps_trainer.data_files import TFRECORD_NEEDS
 
 __all__ = ["DataError", "RecordSet", "inspect", "find_bad_record",
            "write_examples", "file_names"]
 
 DataError = readers.DataError
 
-TFRECORD_NEEDS = data_files.TFRECORD_NEEDS
 _CONTEXT = "(--dataset=tfrecord)"
 
 # Records read per file by inspect: enough to learn the schema and catch a
