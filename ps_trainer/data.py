@@ -12,7 +12,8 @@ never through feed_dict on every step (slow with many replicas).
 Data sets:
   digits     real 8x8 hand-written digits bundled in assets/digits.npz
              (UCI, CC BY 4.0; see assets/DIGITS_LICENSE.md), the default.
-  synthetic  MNIST-shaped noisy class templates, generated in-graph.
+  synthetic  MNIST-shaped noisy class templates, generated in-graph
+             (synthetic.py).
   mnist      the four standard IDX files in --data_dir.
   npz        a keras-layout .npz in --data_path.
   tfrecord   click records (sparse ids, dense features, a 0/1 label) in
@@ -30,6 +31,7 @@ import tensorflow as tf
 from ps_trainer import data_files
 from ps_trainer import readers
 from ps_trainer import record_checks
+from ps_trainer import synthetic
 from ps_trainer import tfrecords
 from ps_trainer.readers import DataError
 
@@ -40,24 +42,6 @@ __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 
 DIGITS_PATH = os.path.join(os.path.dirname(__file__), "assets", "digits.npz")
-
-# The synthetic task. Templates come from a fixed seed, so every worker and
-# the held-out split agree on them; only the per-example draws are per worker.
-SYNTHETIC_SHAPE = (28, 28, 1)
-SYNTHETIC_CLASSES = 10
-SYNTHETIC_TEST_SIZE = 1000
-_TEMPLATE_SEED = 20240101
-_SYNTHETIC_TEST_SEED = 7
-# Noise of standard deviation 0.5 keeps the task learnable without it being
-# solved by the first few steps. It is uniform, not Gaussian: a batch of 64
-# draws 50 K noise values, and TF draws uniform ones 2.6 times as fast as
-# normal ones (Box-Muller). A Gaussian batch cost 0.5-0.9 ms of a core, as
-# much as half the reference model's step; on a host whose cores the PS and
-# the worker share, the bench then measured the random numbers as much as the
-# cluster (README, Performance, item 6).
-_NOISE_STDDEV = 0.5
-_NOISE_HALF_WIDTH = _NOISE_STDDEV * 3 ** 0.5  # U(-a, a) has std a / sqrt(3).
-_CONTRAST_RANGE = (0.5, 1.0)
 
 # The thread that draws synthetic batches. TF names a pool's threads "tf_" +
 # its name; Linux keeps 15 characters of a thread's name, so keep it short.
@@ -129,8 +113,8 @@ def load(name, data_dir="", data_path=""):
     return _from_arrays(name, arrays["x_train"], arrays["y_train"],
                         arrays["x_test"], arrays["y_test"])
   if name == "synthetic":
-    x_test, y_test = synthetic_arrays(SYNTHETIC_TEST_SIZE, _SYNTHETIC_TEST_SEED)
-    return DataSet(name, SYNTHETIC_SHAPE, SYNTHETIC_CLASSES, None, None,
+    x_test, y_test = synthetic.arrays(synthetic.TEST_SIZE, synthetic.TEST_SEED)
+    return DataSet(name, synthetic.SHAPE, synthetic.CLASSES, None, None,
                    x_test, y_test)
   missing = data_files.missing_file_flag(name, data_dir, data_path)
   if missing:
@@ -199,60 +183,6 @@ def _examples(x):
   return x[..., np.newaxis] if x.ndim == 3 else x
 
 
-def _synthetic_templates():
-  """Returns the fixed class templates, float32 [classes, 28, 28, 1] in [0, 1].
-
-  Each class is a sum of three Gaussian blobs at seeded places: smooth, image
-  like, and far enough apart between classes for a linear model.
-  """
-  rng = np.random.default_rng(_TEMPLATE_SEED)
-  rows, cols = np.mgrid[0:SYNTHETIC_SHAPE[0], 0:SYNTHETIC_SHAPE[1]]
-  templates = np.zeros((SYNTHETIC_CLASSES,) + SYNTHETIC_SHAPE[:2])
-  for c in range(SYNTHETIC_CLASSES):
-    for _ in range(3):
-      row, col = rng.uniform(6, SYNTHETIC_SHAPE[0] - 6, 2)
-      width = rng.uniform(1.5, 3.5)
-      templates[c] += np.exp(-((rows - row)**2 + (cols - col)**2) /
-                             (2 * width**2))
-  templates /= templates.max(axis=(1, 2), keepdims=True)
-  return templates.astype(np.float32)[..., np.newaxis]
-
-
-def synthetic_arrays(n, seed):
-  """Draws n synthetic examples with numpy (the held-out split; the bench's
-  plain TF1 baseline feeds them)."""
-  rng = np.random.default_rng(seed)
-  labels = rng.integers(0, SYNTHETIC_CLASSES, n)
-  contrast = rng.uniform(*_CONTRAST_RANGE, n).astype(np.float32)
-  noise = rng.uniform(-_NOISE_HALF_WIDTH, _NOISE_HALF_WIDTH,
-                      (n,) + SYNTHETIC_SHAPE).astype(np.float32)
-  x = _synthetic_templates()[labels] * contrast[:, None, None, None]
-  x = np.clip(x + noise, 0.0, 1.0).astype(np.float32)
-  return x, labels.astype(np.int64)
-
-
-def _synthetic_batch(step, batch_size, seed):
-  """Draws one synthetic batch in-graph, the same distribution as numpy's.
-
-  Stateless random ops keyed by (seed, step): a worker's stream depends only
-  on its seed, not on the graph-level seed or on op creation order.
-  """
-  key = tf.stack([tf.constant(seed, tf.int64), step])
-  label_key, contrast_key, noise_key = tf.unstack(
-      tf.random.experimental.stateless_split(key, 3))
-  labels = tf.random.stateless_uniform(
-      [batch_size], label_key, 0, SYNTHETIC_CLASSES, dtype=tf.int64)
-  contrast = tf.random.stateless_uniform(
-      [batch_size, 1, 1, 1], contrast_key, *_CONTRAST_RANGE)
-  noise = tf.random.stateless_uniform(
-      (batch_size,) + SYNTHETIC_SHAPE, noise_key, -_NOISE_HALF_WIDTH,
-      _NOISE_HALF_WIDTH)
-  templates = tf.constant(_synthetic_templates())  # 31 KB
-  features = tf.clip_by_value(
-      tf.gather(templates, labels) * contrast + noise, 0.0, 1.0)
-  return features, labels
-
-
 def not_converted(function):
   """`function` for tf.data as it is, without AutoGraph.
 
@@ -301,7 +231,7 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
                            initializable=False)
   if ds.x_train is None:  # synthetic: generated here, endless by itself.
     dataset = tf.data.Dataset.counter().map(not_converted(
-        lambda step: _synthetic_batch(step, batch_size, shard_seed)))
+        lambda step: synthetic.batch(step, batch_size, shard_seed)))
     # Its own thread holds a pool resource, which a one-shot iterator cannot.
     return _iterator_input(_on_input_thread(dataset.prefetch(tf.data.AUTOTUNE)),
                            initializable=True)

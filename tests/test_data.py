@@ -27,6 +27,7 @@ from ps_trainer import data
 from ps_trainer import data_files
 from ps_trainer import host_cores
 from ps_trainer import readers
+from ps_trainer import synthetic
 import testutil
 
 
@@ -634,7 +635,7 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     ds = data.load("synthetic")
     with tf.Graph().as_default():
       features, _ = _read(data.train_input(ds, 500, 1, 0, seed=5), 4)
-    numpy_features, _ = data.synthetic_arrays(2000, seed=11)
+    numpy_features, _ = synthetic.arrays(2000, seed=11)
 
     def summary(x):
       return [x.mean(), x.std(), (x == 0).mean(), (x == 1).mean()]

@@ -25,7 +25,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
-from ps_trainer import data
+from ps_trainer import synthetic
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the PS tasks.")
@@ -87,7 +87,7 @@ def main(unused_argv):
     is_chief = FLAGS.task_index == 0
     device_fn = tf.compat.v1.train.replica_device_setter(
         worker_device=f"/job:worker/task:{FLAGS.task_index}", cluster=cluster)
-  x_train, y_train = data.synthetic_arrays(_EXAMPLES, seed=FLAGS.task_index)
+  x_train, y_train = synthetic.arrays(_EXAMPLES, seed=FLAGS.task_index)
   with tf.compat.v1.device(device_fn):
     features = tf.compat.v1.placeholder(tf.float32, [None, 28, 28, 1])
     labels = tf.compat.v1.placeholder(tf.int64, [None])
