@@ -8,9 +8,11 @@ runs every setup it promises and writes what it promises.
 import io
 import json
 import os
+import signal
 import statistics
 import subprocess
 import threading
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -156,6 +158,75 @@ class FinishedRunTest(absltest.TestCase):
                      "cluster: its chief timed no steps (it was started again as the run "
                      f"ended), so the run has no speed; log {log_path}: chief: starting at "
                      "global step 100 of 100")
+
+
+def _processes_naming(text):
+  """Pids of the live processes whose command line holds text."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if text.encode() in f.read():
+          pids.append(int(pid))
+    except OSError:
+      pass  # Ended while we looked.
+  return pids
+
+
+def _wait_for_file(path, secs=60):
+  deadline = time.monotonic() + secs
+  while not os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise AssertionError(f"{path} did not appear within {secs} s")
+    time.sleep(0.1)
+
+
+class StopTest(absltest.TestCase):
+  """A stopped bench or compare stops the run it is on: the runs have sessions of their
+  own, which a terminal's Ctrl-C does not reach, and the plain pattern's PS never ends by
+  itself."""
+
+  def test_a_stopped_bench_ends_its_run_and_says_so_in_one_line(self):
+    bench_dir = os.path.join(testutil.make_tempdir(self), "bench")
+    bench_proc = subprocess.Popen(
+        [testutil.LAUNCH_SH, "bench", "--rounds=1", "--no_isolate", "--train_steps=1000000",
+         f"--bench_dir={bench_dir}"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in _processes_naming(bench_dir)])
+    _wait_for_file(os.path.join(bench_dir, "local-0", "local.log"))
+    time.sleep(1)
+    bench_proc.send_signal(signal.SIGINT)
+    _, err = bench_proc.communicate(timeout=60)
+    err = err.decode()
+    self.assertEqual(bench_proc.returncode, 130, err)
+    self.assertEqual(err.strip().splitlines()[-2:], [
+        "local (1 process): stopping it (SIGINT)",
+        f"bench: stopped on SIGINT; the runs so far are in {bench_dir}"])
+    self.assertNotIn("Traceback", err)
+    self.assertEqual(_processes_naming(bench_dir), [])
+
+  def test_a_stop_ends_the_plain_patterns_ps_and_worker(self):
+    log_dir = testutil.make_tempdir(self)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      self.addCleanup(signal.signal, signum, signal.getsignal(signum))
+    self.addCleanup(setattr, runs, "_stop_signal", None)
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in _processes_naming(log_dir)])
+    runs.stop_on_signals()
+
+    def stop_once_both_started():
+      _wait_for_file(os.path.join(log_dir, "worker-0.log"))
+      time.sleep(1)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_both_started, daemon=True).start()
+    with self.assertRaises(runs.Stopped) as stopped:
+      runs.run_plain_tf1_cluster(
+          "plain", bench.plain_tf1_args(dict(bench.REFERENCE_WORK, train_steps=1000000)),
+          log_dir)
+    self.assertEqual(stopped.exception.signum, signal.SIGTERM)
+    self.assertEqual(_processes_naming(log_dir), [])
 
 
 class BenchTableTest(absltest.TestCase):

@@ -312,6 +312,7 @@ def main(argv):
     print(f"bench: error: {e}", file=sys.stderr)
     return 2
   runs.say_launcher_note()
+  runs.stop_on_signals()
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
   busy_at_start = busy_cores()
@@ -322,6 +323,9 @@ def main(argv):
   except runs.RunFailed as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 1
+  except runs.Stopped as e:
+    print(f"bench: {e}; the runs so far are in {bench_dir}", file=sys.stderr)
+    return 128 + e.signum
   result = figures(rows, values, busy_at_start)
   with open(os.path.join(bench_dir, "bench.json"), "w") as f:
     json.dump(result, f, indent=1)

@@ -72,6 +72,7 @@ def main(argv):
     print(f"compare: error: {e}", file=sys.stderr)
     return 2
   runs.say_launcher_note()
+  runs.stop_on_signals()
   flags_list = [f"--{k}={v}" for k, v in values.items()]
   command = shlex.join(
       ["./launch.sh", "compare", f"--out_dir={FLAGS.out_dir}",
@@ -83,6 +84,9 @@ def main(argv):
   except runs.RunFailed as e:
     print(f"compare: error: {e}", file=sys.stderr)
     return 1
+  except runs.Stopped as e:
+    print(f"compare: {e}; the runs so far are in {out_dir}", file=sys.stderr)
+    return 128 + e.signum
   fig = report.figures(modes, FLAGS.target_loss)
   paths = report.write(fig, out_dir, command)
   print(report.markdown(fig, command))

@@ -41,6 +41,54 @@ class RunFailed(RuntimeError):
   """A run exited badly or wrote no result. The message is one line."""
 
 
+class Stopped(Exception):
+  """The command was asked to stop, and the run in progress was stopped."""
+
+  def __init__(self, signum: int):
+    super().__init__(f"stopped on {signal.Signals(signum).name}")
+    self.signum = signum
+
+
+# The first SIGINT or SIGTERM the command received, once stop_on_signals()
+# is in force. The runs' processes have sessions of their own, so a terminal's
+# Ctrl-C never reaches them: only the command can stop them, and it must
+# not exit while they train on.
+_stop_signal: Optional[int] = None
+
+
+def stop_on_signals() -> None:
+  """From now on SIGINT and SIGTERM stop the run in progress (its processes
+  get SIGTERM, as from a user) and raise Stopped; no run starts after them.
+
+  Later signals count as the same request: a second Ctrl-C must not end the
+  command while its run is still stopping. A SIGINT ignored at the start (a
+  background job of a script) stays ignored.
+  """
+
+  def request(signum, frame):
+    del frame
+    global _stop_signal
+    if _stop_signal is None:
+      _stop_signal = signum
+
+  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+    signal.signal(signal.SIGINT, request)
+  signal.signal(signal.SIGTERM, request)
+
+
+def _raise_if_stopped() -> None:
+  if _stop_signal is not None:
+    raise Stopped(_stop_signal)
+
+
+def _stop_if_asked(process: subprocess.Popen, label: str) -> None:
+  if _stop_signal is not None:
+    print(f"{label}: stopping it ({signal.Signals(_stop_signal).name})",
+          file=sys.stderr, flush=True)
+    _stop_group(process)
+    raise Stopped(_stop_signal)
+
+
 @dataclasses.dataclass
 class Run:
   """One finished run: what it was and what it wrote."""
@@ -92,12 +140,18 @@ def _finish(label: str, log_dir: str, log_path: str, status: int,
 
 
 def _wait(process: subprocess.Popen, label: str, log_path: str) -> int:
-  try:
-    return process.wait(timeout=RUN_TIMEOUT_SECS)
-  except subprocess.TimeoutExpired:
-    _stop_group(process)
-    raise RunFailed(f"{label}: still running after {RUN_TIMEOUT_SECS} s; "
-                    f"stopped it; log {log_path}: {_last_lines(log_path)}")
+  deadline = time.monotonic() + RUN_TIMEOUT_SECS
+  while True:
+    _stop_if_asked(process, label)
+    try:
+      # Short waits: a stop request is seen within one of them.
+      return process.wait(timeout=0.2)
+    except subprocess.TimeoutExpired:
+      pass
+    if time.monotonic() > deadline:
+      _stop_group(process)
+      raise RunFailed(f"{label}: still running after {RUN_TIMEOUT_SECS} s; "
+                      f"stopped it; log {log_path}: {_last_lines(log_path)}")
 
 
 def _stop_group(process: subprocess.Popen, grace_secs: float = 40) -> None:
@@ -115,6 +169,7 @@ def _stop_group(process: subprocess.Popen, grace_secs: float = 40) -> None:
 
 
 def _start(command: List[str], log_path: str) -> subprocess.Popen:
+  _raise_if_stopped()
   with open(log_path, "w") as log:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                             env=_env(), start_new_session=True)
