@@ -337,6 +337,8 @@ class BenchTest(absltest.TestCase):
         "1 PS + 2 workers, async", "1 PS + 2 workers, sync"})
     for run in figures["runs"]:
       self.assertGreater(run["steps_per_sec"], 0, run["label"])
+      # Each run's window, the plain pattern's too: the short-window warning needs them.
+      self.assertGreater(run["measured_secs_each"][0], 0, run["label"])
     self.assertEqual(by_label["local (1 process)"]["vs_local"], 1.0)
     self.assertGreater(figures["cluster_vs_local"], 0)
     self.assertGreater(figures["cluster_vs_plain_tf1"], 0)

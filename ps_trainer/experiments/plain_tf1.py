@@ -115,16 +115,19 @@ def main(unused_argv):
   if is_chief and FLAGS.log_dir:
     os.makedirs(FLAGS.log_dir, exist_ok=True)
     with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
-      steps_per_sec = _steady_rate(marks)
+      steps_per_sec, measured_secs = _steady_rate(marks)
+      # measured_secs as the trainer's result.json has it: the bench warns
+      # when a window is too short to trust.
       json.dump({"steps_per_sec": steps_per_sec,
                  "examples_per_sec": steps_per_sec * FLAGS.batch_size,
+                 "measured_secs": measured_secs,
                  "global_step": final_step.value}, f)
 
 
-def _steady_rate(marks) -> float:
-  """Global steps/s after the first 10% of the steps."""
+def _steady_rate(marks):
+  """(global steps/s, seconds measured) after the first 10% of the steps."""
   if len(marks) < 2:
-    return 0.0
+    return 0.0, 0.0
   first_step = marks[0][1]
   warm = next((m for m in marks
                if m[1] >= first_step + 0.1 * (marks[-1][1] - first_step)),
@@ -132,7 +135,8 @@ def _steady_rate(marks) -> float:
   if warm == marks[-1]:
     warm = marks[0]
   seconds = marks[-1][0] - warm[0]
-  return (marks[-1][1] - warm[1]) / seconds if seconds > 0 else 0.0
+  rate = (marks[-1][1] - warm[1]) / seconds if seconds > 0 else 0.0
+  return rate, seconds
 
 
 if __name__ == "__main__":
