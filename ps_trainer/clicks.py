@@ -30,6 +30,7 @@ from absl import flags
 import numpy as np
 
 from ps_trainer import errors
+from ps_trainer import help_flags
 from ps_trainer import output_dir
 from ps_trainer import quiet_import
 
@@ -197,6 +198,9 @@ def main(argv=None) -> int:
   # it never collides with the trainer's.
   fv = flags.FlagValues()
   _define_flags(fv)
+  if help_flags.asked(argv):
+    print(__doc__ + "\nflags:\n" + fv.get_help())
+    return 0
   try:
     extra = fv(argv)[1:]
   except flags.Error as e:

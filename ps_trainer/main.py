@@ -25,6 +25,7 @@ from absl import flags as absl_flags
 
 from ps_trainer import errors
 from ps_trainer import flags as flags_lib
+from ps_trainer import help_flags
 from ps_trainer import output_dir
 from ps_trainer import process_end
 
@@ -109,6 +110,7 @@ def _receive_stop_signals(cfg):
 
 def _parse_flags(argv):
   """absl's flag parsing, with a bad flag reported in one line (exit 2)."""
+  help_flags.exit_if_asked(argv)
   try:
     return FLAGS(argv)
   except absl_flags.Error as e:

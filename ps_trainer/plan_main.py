@@ -16,6 +16,7 @@ from absl import flags
 
 from ps_trainer import errors
 from ps_trainer import flags as flags_lib
+from ps_trainer import help_flags
 
 FLAGS = flags.FLAGS
 flags_lib.define_flags(FLAGS)
@@ -73,6 +74,7 @@ def main(argv) -> int:
 
 
 def _parse_flags(argv):
+  help_flags.exit_if_asked(argv)
   try:
     return FLAGS(argv)
   except flags.Error as e:

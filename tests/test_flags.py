@@ -22,6 +22,7 @@ from absl.testing import parameterized
 from ps_trainer import cluster
 from ps_trainer import config
 from ps_trainer import flags as flags_lib
+from ps_trainer import help_flags
 import testutil
 
 # The defaults of flags.py, as FLAGS.flag_values_dict() gives them after an
@@ -500,6 +501,17 @@ def _run_binary(argv, env_items):
 
 def _binary(argv, env):
   return _run_binary(tuple(argv), tuple(sorted(env.items())))
+
+
+class HelpAskedTest(parameterized.TestCase):
+
+  @parameterized.parameters(
+      (["prog", "--help"], "short"), (["prog", "-h"], "short"), (["prog", "-?"], "short"),
+      (["prog", "--train_steps=5", "--helpshort"], "short"), (["prog", "--helpfull"], "full"),
+      (["prog", "--train_steps=5"], None), (["prog", "--helpless=1"], None),
+      (["prog", "--", "--help"], None), (["--help"], None))
+  def test_which_help_argv_asks_for(self, argv, kind):
+    self.assertEqual(help_flags.asked(argv), kind)
 
 
 class BinaryFlagErrorTest(parameterized.TestCase):

@@ -109,6 +109,20 @@ class LaunchInputTest(absltest.TestCase):
     for text in ("./launch.sh local", "./launch.sh test", "--helpfull"):
       self.assertIn(text, out)
 
+  def test_every_commands_help_exits_0(self):
+    # absl's help flags exit 1, which a script or a CI step reads as a failure; clicks, with
+    # flag values of its own, had none.
+    for args, says in ((["--helpfull"], "--wait_timeout_secs"),
+                       (["--helpshort"], "python -m ps_trainer"),
+                       (["plan", "--help"], "--format"),
+                       (["bench", "--helpshort"], "--rounds"),
+                       (["compare", "-h"], "--out_dir"),
+                       (["clicks", "--help"], "--train_examples")):
+      with self.subTest(args=args):
+        code, out = _run([testutil.LAUNCH_SH, *args])
+        self.assertEqual(code, 0, out)
+        self.assertIn(says, out)
+
 
 class BootstrapTest(absltest.TestCase):
   """The .venv bootstrap, on a scratch checkout whose requirements install nothing (offline, ~5 s).

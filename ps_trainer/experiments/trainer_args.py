@@ -9,6 +9,7 @@ from absl import flags
 from ps_trainer import config as config_lib
 from ps_trainer import errors
 from ps_trainer import flags as trainer_flags
+from ps_trainer import help_flags
 
 
 class ArgsError(ValueError):
@@ -65,6 +66,7 @@ def own_flags_parser(command: str):
   the rest left for `parse`; a bad value of its own is one line and exit 2,
   not absl's traceback."""
   def parse_own(argv: List[str]) -> List[str]:
+    help_flags.exit_if_asked(argv)
     # absl's logging defines --log_dir too, so FLAGS would take the trainer's
     # (which each run sets itself) and drop it unsaid: `parse` refuses it.
     trainer_log_dir = [arg for arg in argv[1:] if arg == "--log_dir"
