@@ -14,8 +14,8 @@ _FULL = ("--helpfull",)
 
 
 def asked(argv: List[str]) -> Optional[str]:
-  """"short" or "full" if argv (with the program first) asks for help
-  before any `--`, else None."""
+  """Returns "short" or "full" if argv (with the program first) asks for
+  help before any `--`, else None."""
   for arg in argv[1:]:
     if arg == "--":
       return None
