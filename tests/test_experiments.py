@@ -11,6 +11,7 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from unittest import mock
@@ -186,39 +187,66 @@ class StopTest(absltest.TestCase):
   own, which a terminal's Ctrl-C does not reach, and the plain pattern's PS never ends by
   itself."""
 
-  def test_a_stopped_bench_ends_its_run_and_says_so_in_one_line(self):
-    bench_dir = os.path.join(testutil.make_tempdir(self), "bench")
-    bench_proc = subprocess.Popen(
-        [testutil.LAUNCH_SH, "bench", "--rounds=1", "--no_isolate", "--train_steps=1000000",
-         f"--bench_dir={bench_dir}"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
+  def _start(self, args, out_dir):
+    # Through a wrapper that gives the command a default SIGINT: the suite itself may run as a
+    # script's background job, which starts with SIGINT ignored, and the command keeps it so.
+    reset_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                    "os.execv(sys.argv[1], sys.argv[1:])")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", reset_sigint, testutil.LAUNCH_SH, *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
     self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(bench_dir)])
+                             for pid in _processes_naming(out_dir)])
+    return proc
+
+  def _assert_stopped(self, proc, signum, run_label, command, out_dir):
+    _, err = proc.communicate(timeout=90)
+    err = err.decode()
+    name = signal.Signals(signum).name
+    self.assertEqual(proc.returncode, 128 + signum, err)
+    self.assertEqual(err.strip().splitlines()[-2:], [
+        f"{run_label}: stopping it ({name})",
+        f"{command}: stopped on {name}; the runs so far are in {out_dir}"])
+    self.assertNotIn("Traceback", err)
+    self.assertEqual(_processes_naming(out_dir), [])
+
+  def test_a_compare_stopped_with_ctrl_c_ends_its_training_cluster(self):
+    out_dir = os.path.join(testutil.make_tempdir(self), "compare")
+    proc = self._start(["compare", "--no_isolate", f"--out_dir={out_dir}", "--num_workers=1",
+                        "--dataset=synthetic", "--train_steps=1000000", "--log_every_steps=20"],
+                       out_dir)
+    chief_log = os.path.join(out_dir, "async", "logs", "worker-0.log")
+    _wait_for_file(chief_log, secs=120)
+    deadline = time.monotonic() + 120
+    while "chief: step " not in open(chief_log, errors="replace").read():
+      self.assertLess(time.monotonic(), deadline, "the chief never trained")
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    self._assert_stopped(proc, signal.SIGINT, "async", "compare", out_dir)
+
+  def test_a_bench_stopped_with_sigterm_ends_its_run(self):
+    bench_dir = os.path.join(testutil.make_tempdir(self), "bench")
+    proc = self._start(["bench", "--rounds=1", "--no_isolate", "--train_steps=1000000",
+                        f"--bench_dir={bench_dir}"], bench_dir)
     _wait_for_file(os.path.join(bench_dir, "local-0", "local.log"))
     time.sleep(1)
-    bench_proc.send_signal(signal.SIGINT)
-    _, err = bench_proc.communicate(timeout=60)
-    err = err.decode()
-    self.assertEqual(bench_proc.returncode, 130, err)
-    self.assertEqual(err.strip().splitlines()[-2:], [
-        "local (1 process): stopping it (SIGINT)",
-        f"bench: stopped on SIGINT; the runs so far are in {bench_dir}"])
-    self.assertNotIn("Traceback", err)
-    self.assertEqual(_processes_naming(bench_dir), [])
+    proc.send_signal(signal.SIGTERM)
+    self._assert_stopped(proc, signal.SIGTERM, "local (1 process)", "bench", bench_dir)
 
   def test_a_stop_ends_the_plain_patterns_ps_and_worker(self):
     log_dir = testutil.make_tempdir(self)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-      self.addCleanup(signal.signal, signum, signal.getsignal(signum))
     self.addCleanup(setattr, runs, "_stop_signal", None)
     self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
                              for pid in _processes_naming(log_dir)])
-    runs.stop_on_signals()
 
     def stop_once_both_started():
-      _wait_for_file(os.path.join(log_dir, "worker-0.log"))
-      time.sleep(1)
-      os.kill(os.getpid(), signal.SIGTERM)
+      try:
+        _wait_for_file(os.path.join(log_dir, "worker-0.log"))
+        time.sleep(1)
+      finally:  # Stop in any case: the run would go on for minutes.
+        # What the signal handler of stop_on_signals does (tested through the commands above).
+        runs._stop_signal = signal.SIGTERM  # pylint: disable=protected-access
 
     threading.Thread(target=stop_once_both_started, daemon=True).start()
     with self.assertRaises(runs.Stopped) as stopped:
@@ -226,6 +254,7 @@ class StopTest(absltest.TestCase):
           "plain", bench.plain_tf1_args(dict(bench.REFERENCE_WORK, train_steps=1000000)),
           log_dir)
     self.assertEqual(stopped.exception.signum, signal.SIGTERM)
+    self.assertTrue(os.path.exists(os.path.join(log_dir, "worker-0.log")))
     self.assertEqual(_processes_naming(log_dir), [])
 
 

@@ -116,7 +116,7 @@ class LaunchInputTest(absltest.TestCase):
                        (["--helpshort"], "python -m ps_trainer"),
                        (["plan", "--help"], "--format"),
                        (["bench", "--helpshort"], "--rounds"),
-                       (["compare", "-h"], "--out_dir"),
+                       (["compare", "-?"], "--out_dir"),
                        (["clicks", "--help"], "--train_examples")):
       with self.subTest(args=args):
         code, out = _run([testutil.LAUNCH_SH, *args])

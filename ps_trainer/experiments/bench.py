@@ -320,6 +320,7 @@ def main(argv):
       + " ".join(f"--{k}={v}" for k, v in values.items()))
   try:
     rows = run_bench(values, FLAGS.rounds, bench_dir, say)
+    runs.raise_if_stopped()
   except runs.RunFailed as e:
     print(f"bench: error: {e}", file=sys.stderr)
     return 1

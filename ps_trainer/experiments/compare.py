@@ -81,6 +81,7 @@ def main(argv):
       + flags_list)
   try:
     modes = run_modes(flags_list, out_dir, FLAGS.num_ps, FLAGS.num_workers)
+    runs.raise_if_stopped()
   except runs.RunFailed as e:
     print(f"compare: error: {e}", file=sys.stderr)
     return 1

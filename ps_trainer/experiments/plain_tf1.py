@@ -125,9 +125,10 @@ def main(unused_argv):
 
 
 def _steady_rate(marks):
-  """(global steps/s, seconds measured) after the first 10% of the steps."""
+  """(global steps/s, seconds measured) after the first 10% of the steps;
+  the seconds are None when fewer than two steps ran, as the trainer's are."""
   if len(marks) < 2:
-    return 0.0, 0.0
+    return 0.0, None
   first_step = marks[0][1]
   warm = next((m for m in marks
                if m[1] >= first_step + 0.1 * (marks[-1][1] - first_step)),

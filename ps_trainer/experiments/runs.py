@@ -57,12 +57,13 @@ _stop_signal: Optional[int] = None
 
 
 def stop_on_signals() -> None:
-  """From now on SIGINT and SIGTERM stop the run in progress (its processes
-  get SIGTERM, as from a user) and raise Stopped; no run starts after them.
+  """From now on SIGINT, SIGTERM and SIGHUP (a closed terminal) stop the run
+  in progress (its processes get SIGTERM, as from a user) and raise Stopped;
+  no run starts after them.
 
   Later signals count as the same request: a second Ctrl-C must not end the
   command while its run is still stopping. A SIGINT ignored at the start (a
-  background job of a script) stays ignored.
+  background job of a script) stays ignored, as does a SIGHUP under nohup.
   """
 
   def request(signum, frame):
@@ -71,12 +72,15 @@ def stop_on_signals() -> None:
     if _stop_signal is None:
       _stop_signal = signum
 
-  if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-    signal.signal(signal.SIGINT, request)
+  for signum in (signal.SIGINT, signal.SIGHUP):
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+      signal.signal(signum, request)
   signal.signal(signal.SIGTERM, request)
 
 
-def _raise_if_stopped() -> None:
+def raise_if_stopped() -> None:
+  """Raises Stopped if a stop was asked for: a stop that comes after the last
+  run still ends the command, as one during a run would."""
   if _stop_signal is not None:
     raise Stopped(_stop_signal)
 
@@ -169,7 +173,7 @@ def _stop_group(process: subprocess.Popen, grace_secs: float = 40) -> None:
 
 
 def _start(command: List[str], log_path: str) -> subprocess.Popen:
-  _raise_if_stopped()
+  raise_if_stopped()
   with open(log_path, "w") as log:
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                             env=_env(), start_new_session=True)
