@@ -55,7 +55,8 @@ Usage:
         ./launch.sh --job_name=worker --task_index=0 --ps_hosts=h1:2222 --worker_hosts=h2:2222,h3:2222
       Without role flags or TF_CONFIG, trains in a single local process.
   ./launch.sh --help
-      This text. Trainer flags: ./launch.sh --helpfull  (= python -m ps_trainer --helpfull)
+      This text. Trainer flags: ./launch.sh --helpfull  (= python -m ps_trainer --helpfull);
+      a command's own: ./launch.sh bench --help (or compare, plan, clicks)
 
 Every mode first makes sure .venv holds requirements.txt (setting it up takes ~1-2 min once; safe
 when several launches start at once). Environment: PYTHON (interpreter that creates .venv, default
@@ -292,7 +293,9 @@ run_experiment() {
   for arg in "$@"; do
     case $arg in
       --no_isolate) isolate=0 ;;
-      -h | --help | --helpfull) usage; exit 0 ;;
+      # The command's own help (its flags and what it does), not this script's whole usage.
+      -h | -\? | --help | --help*) isolate=0 ;;
+      --) break ;;
     esac
   done
   bootstrap runtime

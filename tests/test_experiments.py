@@ -297,10 +297,12 @@ class BenchTableTest(absltest.TestCase):
 
   def test_what_changes_the_reference_work(self):
     reference = dict(bench.REFERENCE_WORK)
-    # How long the runs measure, and a trainer default spelled out, leave it the reference.
+    # How long the runs measure or wait, the seed, a trainer default spelled out and the layers
+    # written with spaces leave it the reference: the targets are judged.
     self.assertEqual(bench.changed_from_reference(
         dict(reference, train_steps="10000", learning_rate="0.010", wire_dtype="float32",
-             factored_gradients="true")), [])
+             factored_gradients="true", wait_timeout_secs="30", seed="7",
+             hidden_units="256, 256")), [])
     self.assertEqual(bench.changed_from_reference(
         dict(reference, hidden_units="64,64", wire_dtype="bfloat16")),
         ["--hidden_units=64,64", "--wire_dtype=bfloat16"])

@@ -117,6 +117,9 @@ class LaunchInputTest(absltest.TestCase):
                        (["plan", "--help"], "--format"),
                        (["bench", "--helpshort"], "--rounds"),
                        (["compare", "-?"], "--out_dir"),
+                       # Each command's own help, not launch.sh's usage of every command.
+                       (["bench", "-h"], "--[no]json: Print the figures as JSON"),
+                       (["compare", "--help"], "--target_loss: Training loss"),
                        (["clicks", "--help"], "--train_examples")):
       with self.subTest(args=args):
         code, out = _run([testutil.LAUNCH_SH, *args])

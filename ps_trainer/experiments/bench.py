@@ -1,4 +1,5 @@
-"""`./launch.sh bench [--rounds=N] [--json] [trainer flags]`: the price of distribution.
+"""`./launch.sh bench [--rounds=N] [--json] [--bench_dir=DIR] [--no_isolate]
+[trainer flags]`: the price of distribution.
 
 Trains the same work several ways on this machine and prints what each
 costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
@@ -12,7 +13,8 @@ traced steps of each run (tracing.py), which the speeds leave out.
 Default work (the reference of the performance targets): --model=mlp
 --hidden_units=256,256 --dataset=synthetic --batch_size=64 --optimizer=sgd
 --learning_rate=0.01 --train_steps=3000. Trainer flags given here replace
-these.
+these. --no_isolate (launch.sh's) runs the clusters in this machine's
+network rather than in a private one with loopback only.
 """
 
 import dataclasses
@@ -158,18 +160,30 @@ def busy_cores(secs: float = 1.0) -> Optional[float]:
   return (1.0 - (idle1 - idle0) / elapsed) * (os.cpu_count() or 1)
 
 
+# Flags that leave a step's work as it is, so the targets still apply: how long
+# each run measures, how long a task waits for another at the start or end, and
+# which numbers the synthetic data and initial weights are drawn from.
+_NOT_THE_WORK = ("train_steps", "wait_timeout_secs", "seed")
+
+
 def changed_from_reference(values: Dict[str, str]) -> List[str]:
   """The flags of this work that make it other than the targets' reference
-  work: REFERENCE_WORK, with the trainer's defaults for every other flag.
-  --train_steps only sets how long each run measures, so it does not count."""
+  work: REFERENCE_WORK, with the trainer's defaults for every other flag."""
   reference, given = flags.FlagValues(), flags.FlagValues()
   names = trainer_flags.define_flags(reference)
   trainer_flags.define_flags(given)
   reference(["bench"] + [f"--{k}={v}" for k, v in REFERENCE_WORK.items()])
   given(["bench"] + [f"--{k}={v}" for k, v in values.items()])
+
+  def value(flag_values, name):
+    # A string flag: "256, 256" is the reference's "256,256".
+    if name == "hidden_units":
+      return trainer_flags.parse_hidden_units(flag_values[name].value)
+    return flag_values[name].value
+
   return [f"--{name}={values[name]}" for name in names
-          if name in values and name != "train_steps"
-          and given[name].value != reference[name].value]
+          if name in values and name not in _NOT_THE_WORK
+          and value(given, name) != value(reference, name)]
 
 
 def figures(rows: List[Row], values: Dict[str, str],

@@ -1,12 +1,14 @@
 """`./launch.sh compare --out_dir=DIR [--num_ps=N] [--num_workers=M] [--target_loss=X]
-[trainer flags]`: the same job async and sync, side by side.
+[--no_isolate] [trainer flags]`: the same job async and sync, side by side.
 
 Runs the job twice on a local cluster (default 1 PS + 2 workers), async then
 sync, every worker recording each step (--record_steps), and writes into
 DIR: comparison.md (the table and the async gradient staleness),
 comparison.json (the same figures and the loss curves) and comparison.png
 (loss against wall time and against global step, and the staleness
-histogram). The runs' own log dirs are DIR/async and DIR/sync.
+histogram). The runs' own log dirs are DIR/async and DIR/sync. --no_isolate
+(launch.sh's) runs the clusters in this machine's network rather than in a
+private one with loopback only.
 """
 
 import os
