@@ -9,6 +9,7 @@ import io
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -184,8 +185,8 @@ def _wait_for_file(path, secs=60):
 
 class StopTest(absltest.TestCase):
   """A stopped bench or compare stops the run it is on: the runs have sessions of their
-  own, which a terminal's Ctrl-C does not reach, and the plain pattern's PS never ends by
-  itself."""
+  own, which a terminal's Ctrl-C does not reach, and the plain pattern's PS does not end by
+  itself while the bench lives."""
 
   def _start(self, args, out_dir):
     # Through a wrapper that gives the command a default SIGINT: the suite itself may run as a
@@ -256,6 +257,36 @@ class StopTest(absltest.TestCase):
     self.assertEqual(stopped.exception.signum, signal.SIGTERM)
     self.assertTrue(os.path.exists(os.path.join(log_dir, "worker-0.log")))
     self.assertEqual(_processes_naming(log_dir), [])
+
+  def test_the_plain_patterns_ps_ends_once_what_started_it_is_gone(self):
+    # A bench killed with SIGKILL cannot stop its runs. The trainer's end by themselves; the plain
+    # pattern's PS would serve nobody forever.
+    log_dir = testutil.make_tempdir(self)
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in _processes_naming(log_dir)])
+    ps_port, worker_port = runs.free_ports(2)
+    starter = subprocess.Popen(
+        ["sh", "-c", '"$@" & exec sleep 600', "sh", sys.executable, "-m",
+         "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
+         f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
+         f"--log_dir={log_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=testutil.trainer_env(),
+        cwd=str(testutil.REPO_ROOT))
+    deadline = time.monotonic() + 60
+    while True:  # Until the PS serves.
+      try:
+        socket.create_connection(("127.0.0.1", ps_port), timeout=1).close()
+        break
+      except OSError:
+        self.assertLess(time.monotonic(), deadline, "the plain PS did not start serving")
+        time.sleep(0.2)
+    [ps_pid] = [pid for pid in _processes_naming(log_dir) if pid != starter.pid]
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while _processes_naming(log_dir) and time.monotonic() < deadline:
+      time.sleep(0.2)
+    self.assertEqual(_processes_naming(log_dir), [], f"the plain PS (pid {ps_pid}) still runs")
 
 
 class BenchTableTest(absltest.TestCase):

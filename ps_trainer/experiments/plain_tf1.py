@@ -2,11 +2,12 @@
 
 What TF's old distributed-training tutorial taught and most TF1 PS code still
 does: numpy batches through feed_dict, replica_device_setter's round-robin
-placement, MonitoredTrainingSession, a PS that calls server.join(). It trains
+placement, MonitoredTrainingSession, a PS that only serves. It trains
 the bench's reference work (an MLP on MNIST-shaped synthetic data) so that
 ps_trainer's steps/s can be compared with it on the same cluster and work.
-It is a yardstick, not a trainer: its PS never exits by itself (the bench
-stops it), and it has none of ps_trainer's checks.
+It is a yardstick, not a trainer: its PS serves until it is stopped (the bench
+stops it) or the process that started it is gone, and it has none of
+ps_trainer's checks.
 
   python -m ps_trainer.experiments.plain_tf1 --ps_hosts=... --worker_hosts=...
       --job_name=ps|worker --task_index=N --log_dir=DIR [--train_steps=...]
@@ -72,6 +73,18 @@ class _FinalGlobalStep(tf.compat.v1.train.SessionRunHook):
     self.value = int(session.run(self._global_step))
 
 
+def _serve_while_parent_lives():
+  """The pattern's PS calls server.join() and never ends. This one serves as
+  long, but also ends once the process that started it is gone: a bench killed
+  with SIGKILL cannot stop it, and it would serve nobody forever. The step
+  never sees the difference (the server runs on its own threads)."""
+  parent = os.getppid()
+  while os.getppid() == parent:
+    time.sleep(0.5)
+  # Exit at once: tearing the server down may block on its threads.
+  os._exit(0)  # pylint: disable=protected-access
+
+
 def main(unused_argv):
   tf.compat.v1.disable_eager_execution()
   hidden_units = [int(u) for u in FLAGS.hidden_units.split(",")]
@@ -82,7 +95,7 @@ def main(unused_argv):
     server = tf.distribute.Server(cluster, job_name=FLAGS.job_name,
                                   task_index=FLAGS.task_index)
     if FLAGS.job_name == "ps":
-      server.join()  # Forever: the pattern's PS has no way to end.
+      _serve_while_parent_lives()
     target = server.target
     is_chief = FLAGS.task_index == 0
     device_fn = tf.compat.v1.train.replica_device_setter(

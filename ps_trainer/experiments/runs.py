@@ -225,7 +225,8 @@ def free_ports(count: int) -> List[int]:
 def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str) -> Run:
   """The plain TF1 pattern (plain_tf1.py) on 1 PS + 1 worker of this machine.
 
-  Its PS never exits by itself: it is stopped once the worker is done.
+  Its PS does not exit by itself while this process lives: it is stopped once
+  the worker is done.
   """
   os.makedirs(log_dir, exist_ok=True)
   ps_port, worker_port = free_ports(2)
