@@ -20,6 +20,7 @@ from unittest import mock
 from absl.testing import absltest
 
 from ps_trainer.experiments import bench
+from ps_trainer.experiments import machine
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
 import testutil
@@ -291,7 +292,8 @@ class StopTest(absltest.TestCase):
 
 class BenchTableTest(absltest.TestCase):
 
-  def result(self, rates, measured_secs=30.0, busy=0.1, split=None, changed=()):
+  @staticmethod
+  def result(rates, measured_secs=30.0, busy=0.1, split=None, changed=()):
     """bench.json's figures for label -> the steps/s of each of its runs."""
     local = statistics.median(rates["local (1 process)"])
     runs = [dict(label=label, steps_per_sec=statistics.median(each),
@@ -356,7 +358,7 @@ class BenchTableTest(absltest.TestCase):
                                              "0.57", "1.08", "/", "0.41"])
 
   def test_busy_cores_counts_work_running_now(self):
-    idle = bench.busy_cores(0.5)
+    idle = machine.busy_cores(0.5)
     stop = threading.Event()
 
     def spin():
@@ -365,7 +367,7 @@ class BenchTableTest(absltest.TestCase):
 
     spinning = threading.Thread(target=spin, daemon=True)
     spinning.start()
-    busy = bench.busy_cores(0.5)
+    busy = machine.busy_cores(0.5)
     stop.set()
     spinning.join()
     self.assertBetween(idle, 0.0, os.cpu_count())
@@ -382,6 +384,42 @@ class BenchTableTest(absltest.TestCase):
     self.assertIn("warning: 6 of 6 runs measured their speed over less than 1 s (shortest: "
                   "1 PS + 1 worker, 0.4 s): start-up still weighs in such figures; raise "
                   "--train_steps", lines)
+
+
+class MachineTest(absltest.TestCase):
+  """The bench names the machine it ran on: benches compare only on the same kind."""
+
+  CPUINFO = ("processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 1996.248\n"
+             "flags\t\t: fpu sse4_2 avx f16c avx2 fma\n\n"
+             "processor\t: 1\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2400.000\n"
+             "flags\t\t: fpu sse4_2 avx f16c avx2 fma avx512f\n")
+
+  def test_the_first_cores_model_clock_and_vector_extensions(self):
+    self.assertEqual(machine.from_cpuinfo(self.CPUINFO),
+                     {"cpu": "AMD EPYC", "mhz": 1996, "vector": ["avx2", "fma", "avx"]})
+    self.assertEqual(machine.from_cpuinfo("processor : 0\n"),
+                     {"cpu": None, "mhz": None, "vector": []})
+
+  def test_the_summary_says_what_is_missing_too(self):
+    info = dict(machine.from_cpuinfo(self.CPUINFO), cores=2, memory_gib=23.5,
+                tensorflow="2.21.0")
+    self.assertEqual(machine.summary(info), "2 cores of AMD EPYC at 1996 MHz (avx2 fma avx, "
+                     "no avx512f), 23.5 GiB, TensorFlow 2.21.0")
+    self.assertEqual(machine.summary(dict(info, vector=["avx512f", "avx2"], mhz=None,
+                                          tensorflow=None)),
+                     "2 cores of AMD EPYC (avx512f avx2), 23.5 GiB")
+    self.assertEqual(machine.summary({"cpu": None, "cores": 4, "vector": []}),
+                     "4 cores of an unknown CPU")
+
+  def test_this_machine_and_the_table_line(self):
+    info = machine.describe()
+    self.assertEqual(info["cores"], os.cpu_count())
+    self.assertEqual(info["tensorflow"], "2.21.0")  # requirements.txt's pin
+    self.assertGreater(info["memory_gib"], 0)
+    lines = bench.table(dict(BenchTableTest.result({
+        "local (1 process)": [1300.0], "1 PS + 1 worker": [600.0],
+        "plain TF1, 1 PS + 1 worker": [280.0]}), machine=info)).splitlines()
+    self.assertIn(f"machine: {machine.summary(info)}", lines)
 
 
 class BenchTest(absltest.TestCase):

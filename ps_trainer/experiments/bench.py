@@ -30,6 +30,7 @@ from absl import flags
 
 from ps_trainer import flags as trainer_flags
 from ps_trainer import output_dir
+from ps_trainer.experiments import machine
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
 
@@ -139,27 +140,6 @@ STEADY_SECS = 1.0
 BUSY_CORES = 0.5
 
 
-def busy_cores(secs: float = 1.0) -> Optional[float]:
-  """How many cores' worth of CPU time the machine used over `secs` (from
-  /proc/stat); None where that cannot be read."""
-  def totals():
-    with open("/proc/stat") as f:
-      # user nice system idle iowait irq softirq steal; guest time is in user.
-      fields = [int(v) for v in f.readline().split()[1:9]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle, iowait
-    return sum(fields), idle
-  try:
-    total0, idle0 = totals()
-    time.sleep(secs)
-    total1, idle1 = totals()
-  except (OSError, ValueError, IndexError):
-    return None
-  elapsed = total1 - total0
-  if elapsed <= 0:
-    return None
-  return (1.0 - (idle1 - idle0) / elapsed) * (os.cpu_count() or 1)
-
-
 # Flags that leave a step's work as it is, so the targets still apply: how long
 # each run measures, how long a task waits for another at the start or end, and
 # which numbers the synthetic data and initial weights are drawn from.
@@ -187,13 +167,14 @@ def changed_from_reference(values: Dict[str, str]) -> List[str]:
 
 
 def figures(rows: List[Row], values: Dict[str, str],
-            busy_at_start: Optional[float] = None) -> dict:
+            busy_at_start: Optional[float] = None,
+            machine_info: Optional[dict] = None) -> dict:
   """The bench's figures as JSON-ready data, with the targets checked."""
   by_label = {row.label: row for row in rows}
   local = by_label[LOCAL].median("steps_per_sec")
   out = {"work": values, "changed_from_reference": changed_from_reference(values),
          "runs": [], "busy_cores_at_start": busy_at_start,
-         "cores": os.cpu_count()}
+         "cores": os.cpu_count(), "machine": machine_info}
   for row in rows:
     steps = row.median("steps_per_sec")
     out["runs"].append({
@@ -300,6 +281,8 @@ def table(result: dict) -> str:
     lines.append(f"targets (>= {TARGET_VS_LOCAL} of local, >= "
                  f"{TARGET_VS_PLAIN}x plain TF1): not judged; they are for the "
                  f"reference work, and this one sets {' '.join(changed)}")
+  if result.get("machine"):
+    lines.append(f"machine: {machine.summary(result['machine'])}")
   lines += [
       "steps/s: the median of the runs, taken in turns, and their range; the "
       "ratios are of medians.",
@@ -329,9 +312,11 @@ def main(argv):
   runs.stop_on_signals()
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if FLAGS.json \
       else (lambda line: print(line, flush=True))
-  busy_at_start = busy_cores()
+  busy_at_start = machine.busy_cores()
+  machine_info = machine.describe()
   say(f"bench: {FLAGS.rounds} round(s) into {bench_dir}; "
       + " ".join(f"--{k}={v}" for k, v in values.items()))
+  say(f"bench: on {machine.summary(machine_info)}")
   try:
     rows = run_bench(values, FLAGS.rounds, bench_dir, say)
     runs.raise_if_stopped()
@@ -341,7 +326,7 @@ def main(argv):
   except runs.Stopped as e:
     print(f"bench: {e}; the runs so far are in {bench_dir}", file=sys.stderr)
     return 128 + e.signum
-  result = figures(rows, values, busy_at_start)
+  result = figures(rows, values, busy_at_start, machine_info)
   with open(os.path.join(bench_dir, "bench.json"), "w") as f:
     json.dump(result, f, indent=1)
   if FLAGS.json:
