@@ -303,11 +303,14 @@ class BenchTableTest(absltest.TestCase):
                  ms_per_step=1000 / statistics.median(each), split=split)
             for label, each in rates.items()]
     by_label = {run["label"]: run["steps_per_sec"] for run in runs}
+    cluster, plain = rates["1 PS + 1 worker"], rates["plain TF1, 1 PS + 1 worker"]
     return {"runs": runs, "busy_cores_at_start": busy, "cores": 2,
             "changed_from_reference": list(changed),
             "cluster_vs_local": by_label["1 PS + 1 worker"] / local,
+            "cluster_vs_local_each": [c / l for c, l in zip(cluster, rates["local (1 process)"])],
             "cluster_vs_plain_tf1": (by_label["1 PS + 1 worker"]
-                                     / by_label["plain TF1, 1 PS + 1 worker"])}
+                                     / by_label["plain TF1, 1 PS + 1 worker"]),
+            "cluster_vs_plain_tf1_each": [c / p for c, p in zip(cluster, plain)]}
 
   def test_a_ratio_just_under_a_target_does_not_print_as_the_target(self):
     lines = bench.table(self.result({
@@ -316,6 +319,30 @@ class BenchTableTest(absltest.TestCase):
     self.assertIn("1 PS + 1 worker / local: 0.499 (target >= 0.5: NOT met)", lines)
     self.assertIn("1 PS + 1 worker / plain TF1: 1.999x (target >= 2.0x: NOT met)", lines)
     self.assertEmpty([line for line in lines if line.startswith("warning")])
+
+  def test_each_rounds_ratios_and_how_many_met_the_target(self):
+    # The rounds of the bench of 2026-11-29 05:15: the ratio of medians missed 0.5, two rounds
+    # of three met it.
+    rates = {"local (1 process)": [329.7, 384.9, 223.0], "1 PS + 1 worker": [157.3, 199.8, 125.1],
+             "plain TF1, 1 PS + 1 worker": [89.8, 85.5, 81.3]}
+    lines = bench.table(self.result(rates)).splitlines()
+    at = lines.index("1 PS + 1 worker / local: 0.477 (target >= 0.5: NOT met)")
+    self.assertEqual(lines[at + 1], "  each round: 0.477, 0.519, 0.561 (target met in 2 of 3)")
+    at = lines.index("1 PS + 1 worker / plain TF1: 1.840x (target >= 2.0x: NOT met)")
+    self.assertEqual(lines[at + 1], "  each round: 1.752x, 2.337x, 1.539x (target met in 1 of 3)")
+    # The figures pair the runs of each round, as the table does.
+    def row(label):
+      return bench.Row(label, rates[label], [0.0] * 3, [5.0] * 3, None, None)
+    figures = bench.figures([row(label) for label in rates], dict(bench.REFERENCE_WORK))
+    self.assertEqual([round(r, 3) for r in figures["cluster_vs_local_each"]],
+                     [0.477, 0.519, 0.561])
+    self.assertEqual([round(r, 3) for r in figures["cluster_vs_plain_tf1_each"]],
+                     [1.752, 2.337, 1.539])
+    # Work other than the reference shows its rounds without a verdict; one round, no line.
+    lines = bench.table(self.result(rates, changed=["--batch_size=128"])).splitlines()
+    self.assertIn("  each round: 0.477, 0.519, 0.561", lines)
+    lines = bench.table(self.result({label: each[:1] for label, each in rates.items()}))
+    self.assertNotIn("each round:", lines)
 
   def test_the_targets_are_judged_on_the_reference_work_only(self):
     lines = bench.table(self.result({
