@@ -321,7 +321,7 @@ class BenchTableTest(absltest.TestCase):
     self.assertEmpty([line for line in lines if line.startswith("warning")])
 
   def test_each_rounds_ratios_and_how_many_met_the_target(self):
-    # The rounds of the bench of 2026-11-29 05:15: the ratio of medians missed 0.5, two rounds
+    # The rounds of the bench of 2026-11-29 05:10: the ratio of medians missed 0.5, two rounds
     # of three met it.
     rates = {"local (1 process)": [329.7, 384.9, 223.0], "1 PS + 1 worker": [157.3, 199.8, 125.1],
              "plain TF1, 1 PS + 1 worker": [89.8, 85.5, 81.3]}
