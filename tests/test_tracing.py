@@ -75,6 +75,14 @@ class SplitStepTest(absltest.TestCase):
     self.assertAlmostEqual(mean.wall_ms, 2.5)
     self.assertAlmostEqual(mean.outside_ms, 0.5)
 
+  def test_a_step_whose_receives_went_unrecorded_does_not_lower_the_bytes(self):
+    def step(ps_received):
+      return tracing.split_step(_step([
+          (WORKER, "a", "MatMul", 0, 1000, 0),
+          (PS, "recv_g", "_Recv", 1000, 100, ps_received)]), wall_ms=1.5)
+    mean = tracing.mean_split([step(409_664)] * 9 + [step(0)])
+    self.assertEqual(mean.bytes_to_ps, 409_664)
+
 
 class ChromeTraceTest(absltest.TestCase):
 
