@@ -65,6 +65,15 @@ how long the other tasks may take to exit after the chief, default 60).
 EOF
 }
 
+# `./launch.sh local -h`: the local command's own paragraph of the usage, and where the trainer's
+# flags it passes on are described, not the usage of every command.
+usage_local() {
+  echo "Usage:"
+  usage | sed -n '/^  \.\/launch\.sh local /,/^  \.\/launch\.sh bench /p' | sed '$d'
+  echo
+  echo "Trainer flags (passed to every task): ./launch.sh --helpfull"
+}
+
 # `python -m ps_trainer` from any working directory: the package is the checkout, not installed.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -203,7 +212,7 @@ run_local() {
           --log_dir) log_dir=$2 ;;
         esac
         shift ;;
-      -h | --help | --help*) usage; exit 0 ;;
+      -h | -\? | --help | --help*) usage_local; exit 0 ;;
       --) args+=("$@"); break ;;
       *) args+=("$1") ;;
     esac

@@ -126,6 +126,13 @@ class LaunchInputTest(absltest.TestCase):
         self.assertEqual(code, 0, out)
         self.assertIn(says, out)
 
+  def test_locals_help_is_its_own_paragraph(self):
+    code, out = _run([testutil.LAUNCH_SH, "local", "-h"])
+    self.assertEqual(code, 0, out)
+    self.assertIn("--num_workers=M", out)
+    self.assertIn("--helpfull", out)
+    self.assertNotIn("./launch.sh bench", out)
+
 
 class BootstrapTest(absltest.TestCase):
   """The .venv bootstrap, on a scratch checkout whose requirements install nothing (offline, ~5 s).
