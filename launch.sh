@@ -56,7 +56,7 @@ Usage:
       Without role flags or TF_CONFIG, trains in a single local process.
   ./launch.sh --help
       This text. Trainer flags: ./launch.sh --helpfull  (= python -m ps_trainer --helpfull);
-      a command's own: ./launch.sh bench --help (or compare, plan, clicks)
+      a command's own: ./launch.sh bench --help (or local, compare, plan, clicks)
 
 Every mode first makes sure .venv holds requirements.txt (setting it up takes ~1-2 min once; safe
 when several launches start at once). Environment: PYTHON (interpreter that creates .venv, default
