@@ -106,6 +106,23 @@ class BenchTableTest(absltest.TestCase):
     self.assertEqual(split_row.split()[5:], ["2.07", "0.80", "0.10", "0.40", "0.15", "0.05",
                                              "0.57", "1.08", "/", "0.41"])
 
+  def test_runs_of_one_setup_far_apart_are_named(self):
+    # The bench of 2026-11-29 09:56: local mode's runs 58% apart, the cluster's 32%.
+    lines = bench.table(self.result({
+        "local (1 process)": [219.8, 346.6, 286.7], "1 PS + 1 worker": [205.9, 156.5, 165.7],
+        "plain TF1, 1 PS + 1 worker": [89.2, 86.5, 82.5]})).splitlines()
+    self.assertEqual([line for line in lines if line.startswith("warning")], [
+        "warning: the runs of one setup differed by up to 58% (local (1 process): 219.8 to "
+        "346.6 steps/s): the machine's speed wandered during the bench, so the ratios can move "
+        "as much from one bench to the next; more --rounds steady the medians"])
+    # The steady bench of 2026-11-26 05:50 (every setup within 3%), and one run each: no warning.
+    steady = {"local (1 process)": [1429.0, 1451.0, 1470.0],
+              "1 PS + 1 worker": [701.0, 701.0, 699.0],
+              "plain TF1, 1 PS + 1 worker": [338.0, 337.0, 340.0]}
+    for rates in (steady, {label: each[:1] for label, each in steady.items()}):
+      lines = bench.table(self.result(rates)).splitlines()
+      self.assertEmpty([line for line in lines if line.startswith("warning")])
+
   def test_a_busy_machine_and_short_windows_are_named(self):
     lines = bench.table(self.result({
         "local (1 process)": [2659.0, 1822.0], "1 PS + 1 worker": [782.0, 700.0],

@@ -138,6 +138,12 @@ STEADY_SECS = 1.0
 # warns. Not the load average: a minute's average still counts work that has
 # just ended.
 BUSY_CORES = 0.5
+# How far apart (fastest over slowest, less one) the runs of one setup may be
+# before the bench warns. A steady hour here keeps them within 5% (2026-11-26
+# 05:50: 1429-1470 steps/s in local mode); this VM's slow state has spread
+# them by up to 58% in one bench (2026-11-29 09:56: 220-347), and then the
+# verdicts turn on which minute each run fell in.
+SPREAD = 0.25
 
 
 # Flags that leave a step's work as it is, so the targets still apply: how long
@@ -267,6 +273,19 @@ def _warnings(result: dict) -> List[str]:
                f"speed over less than {STEADY_SECS:.0f} s (shortest: {label}, "
                f"{secs:.1f} s): start-up still weighs in such figures; raise "
                "--train_steps")
+  spreads = []
+  for run in result["runs"]:
+    each = run.get("steps_per_sec_each") or []
+    if len(each) > 1 and min(each) > 0:
+      spreads.append((max(each) / min(each) - 1, run["label"], min(each),
+                      max(each)))
+  if spreads and max(spreads)[0] > SPREAD:
+    spread, label, slowest, fastest = max(spreads)
+    out.append(f"warning: the runs of one setup differed by up to "
+               f"{spread:.0%} ({label}: {slowest:.1f} to {fastest:.1f} "
+               "steps/s): the machine's speed wandered during the bench, so "
+               "the ratios can move as much from one bench to the next; more "
+               "--rounds steady the medians")
   return out
 
 
