@@ -279,8 +279,9 @@ def _warnings(result: dict) -> List[str]:
     if len(each) > 1 and min(each) > 0:
       spreads.append((max(each) / min(each) - 1, run["label"], min(each),
                       max(each)))
-  if spreads and max(spreads)[0] > SPREAD:
-    spread, label, slowest, fastest = max(spreads)
+  widest = max(spreads, default=None)
+  if widest and widest[0] > SPREAD:
+    spread, label, slowest, fastest = widest
     out.append(f"warning: the runs of one setup differed by up to "
                f"{spread:.0%} ({label}: {slowest:.1f} to {fastest:.1f} "
                "steps/s): the machine's speed wandered during the bench, so "
