@@ -263,14 +263,7 @@ class StopTest(absltest.TestCase):
     log_dir = testutil.make_tempdir(self)
     self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
                              for pid in _processes_naming(log_dir)])
-    ps_port, worker_port = runs.free_ports(2)
-    starter = subprocess.Popen(
-        ["sh", "-c", '"$@" & exec sleep 600', "sh", sys.executable, "-m",
-         "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
-         f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
-         f"--log_dir={log_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=testutil.trainer_env(),
-        cwd=str(testutil.REPO_ROOT))
+    ps_port, starter = self._start_plain_ps(log_dir)
     deadline = time.monotonic() + 60
     while True:  # Until the PS serves.
       try:
@@ -286,6 +279,33 @@ class StopTest(absltest.TestCase):
     while _processes_naming(log_dir) and time.monotonic() < deadline:
       time.sleep(0.2)
     self.assertEqual(_processes_naming(log_dir), [], f"the plain PS (pid {ps_pid}) still runs")
+
+  def test_the_plain_patterns_ps_ends_when_what_started_it_dies_as_it_starts(self):
+    # Killed while the PS still imports TensorFlow: the PS must know its starter from before.
+    log_dir = testutil.make_tempdir(self)
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in _processes_naming(log_dir)])
+    _, starter = self._start_plain_ps(log_dir)
+    time.sleep(1)  # Importing TensorFlow takes ~3 s.
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 60
+    while _processes_naming(log_dir) and time.monotonic() < deadline:
+      time.sleep(0.2)
+    self.assertEqual(_processes_naming(log_dir), [], "the plain PS still runs")
+
+  @staticmethod
+  def _start_plain_ps(log_dir):
+    """The plain pattern's PS, started by a shell that then waits (as sleep) in its place."""
+    ps_port, worker_port = runs.free_ports(2)
+    starter = subprocess.Popen(
+        ["sh", "-c", '"$@" & exec sleep 600', "sh", sys.executable, "-m",
+         "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
+         f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
+         f"--log_dir={log_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=testutil.trainer_env(),
+        cwd=str(testutil.REPO_ROOT))
+    return ps_port, starter
 
 
 class BenchTest(absltest.TestCase):

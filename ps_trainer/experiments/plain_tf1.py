@@ -21,6 +21,10 @@ import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Who started this process, read before TensorFlow's import and the server's
+# start (seconds): read after them, a starter killed meanwhile would already
+# have handed this process to another parent, and its PS would serve forever.
+_STARTED_BY = os.getppid()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -78,8 +82,7 @@ def _serve_while_parent_lives():
   long, but also ends once the process that started it is gone: a bench killed
   with SIGKILL cannot stop it, and it would serve nobody forever. The step
   never sees the difference (the server runs on its own threads)."""
-  parent = os.getppid()
-  while os.getppid() == parent:
+  while os.getppid() == _STARTED_BY:
     time.sleep(0.5)
   # Exit at once: tearing the server down may block on its threads.
   os._exit(0)  # pylint: disable=protected-access
