@@ -16,15 +16,6 @@ from ps_trainer import optimizers
 import testutil
 
 
-class FakeClock:
-
-  def __init__(self):
-    self.now = 0.0
-
-  def __call__(self):
-    return self.now
-
-
 class ThroughputTest(absltest.TestCase):
 
   def run_steps(self, throughput, clock, steps, secs_per_step):
@@ -33,7 +24,7 @@ class ThroughputTest(absltest.TestCase):
       throughput.observe(step)
 
   def test_warm_up_is_left_out(self):
-    clock = FakeClock()
+    clock = testutil.ManualClock()
     throughput = hooks.Throughput(train_steps=100, clock=clock)
     throughput.session_started()
     self.run_steps(throughput, clock, range(1, 10), secs_per_step=1.0)  # Slow start.
@@ -50,7 +41,7 @@ class ThroughputTest(absltest.TestCase):
     # A fresh run from step 1, and one resumed at 9901: 30 traced steps after each start.
     for first, last, seen in ((1, 100, 31), (9901, 10_000, 9931)):
       with self.subTest(first=first):
-        clock = FakeClock()
+        clock = testutil.ManualClock()
         throughput = hooks.Throughput(train_steps=last, clock=clock, skip_steps=30)
         self.run_steps(throughput, clock, range(first, first + 30), secs_per_step=1.0)  # Traced.
         self.run_steps(throughput, clock, range(first + 30, last + 1), secs_per_step=0.1)
@@ -59,20 +50,20 @@ class ThroughputTest(absltest.TestCase):
         self.assertEqual(throughput.measured()["measured_from_step"], seen)
 
   def test_one_step_timed_has_no_window(self):
-    throughput = hooks.Throughput(train_steps=10, clock=FakeClock())
+    throughput = hooks.Throughput(train_steps=10, clock=testutil.ManualClock())
     throughput.observe(10)
     self.assertIsNone(throughput.steps_per_sec())
     self.assertEqual(throughput.measured(), {"measured_from_step": None, "measured_secs": None})
 
   def test_a_resumed_run_measures_from_where_it_started(self):
-    clock = FakeClock()
+    clock = testutil.ManualClock()
     throughput = hooks.Throughput(train_steps=200, clock=clock)
     self.run_steps(throughput, clock, range(101, 111), secs_per_step=5.0)
     self.run_steps(throughput, clock, range(111, 201), secs_per_step=0.5)
     self.assertAlmostEqual(throughput.steps_per_sec(), 2.0)
 
   def test_measurement_restarts_when_the_step_goes_back(self):
-    clock = FakeClock()
+    clock = testutil.ManualClock()
     throughput = hooks.Throughput(train_steps=100, clock=clock)
     self.run_steps(throughput, clock, range(1, 61), secs_per_step=0.1)
     clock.now += 30  # A PS restarted; the model came back from step 20.
@@ -80,7 +71,7 @@ class ThroughputTest(absltest.TestCase):
     self.assertAlmostEqual(throughput.steps_per_sec(), 4.0)
 
   def test_no_steps_timed_is_no_speed_not_zero(self):
-    throughput = hooks.Throughput(train_steps=10, clock=FakeClock())
+    throughput = hooks.Throughput(train_steps=10, clock=testutil.ManualClock())
     self.assertIsNone(throughput.steps_per_sec())
     self.assertIsNone(throughput.wall_secs())
     self.assertEqual(throughput.steps_observed, 0)
@@ -126,7 +117,7 @@ class ResultHookTest(absltest.TestCase):
 
   def test_writes_the_figures(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
-    clock = FakeClock()
+    clock = testutil.ManualClock()
     throughput = hooks.Throughput(train_steps=20, clock=clock)
     throughput.session_started()
     for step in range(1, 21):
@@ -148,7 +139,7 @@ class ResultHookTest(absltest.TestCase):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
     with open(path, "w") as f:
       json.dump({"global_step": 20, "steps_per_sec": 2.0}, f)
-    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=FakeClock()))
+    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=testutil.ManualClock()))
     hook.end(_Session(20))
     with open(path) as f:
       self.assertEqual(json.load(f), {"global_step": 20, "steps_per_sec": 2.0})
@@ -159,7 +150,7 @@ class ResultHookTest(absltest.TestCase):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
     with open(path, "w") as f:
       json.dump({"global_step": 10, "steps_per_sec": 2.0}, f)
-    self.hook(path, hooks.Throughput(train_steps=20, clock=FakeClock())).end(_Session(20))
+    self.hook(path, hooks.Throughput(train_steps=20, clock=testutil.ManualClock())).end(_Session(20))
     with open(path) as f:
       result = json.load(f)
     self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
@@ -168,7 +159,7 @@ class ResultHookTest(absltest.TestCase):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
     with open(path, "w") as f:
       f.write('{"global_step": 2')
-    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=FakeClock()))
+    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=testutil.ManualClock()))
     hook.end(_Session(20))
     with open(path) as f:
       result = json.load(f)
@@ -179,7 +170,7 @@ class ResultHookTest(absltest.TestCase):
     # It started itself again (a hung step) while the other workers ended the run: the test
     # figures are its own, the speed nobody's.
     path = os.path.join(testutil.make_tempdir(self), "result.json")
-    throughput = hooks.Throughput(train_steps=20, clock=FakeClock())
+    throughput = hooks.Throughput(train_steps=20, clock=testutil.ManualClock())
     throughput.session_started()
     hook = self.hook(path, throughput)
     output = io.StringIO()
@@ -195,7 +186,7 @@ class ResultHookTest(absltest.TestCase):
 
   def test_a_run_stopped_early_writes_no_result(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
-    throughput = hooks.Throughput(train_steps=20, clock=FakeClock())
+    throughput = hooks.Throughput(train_steps=20, clock=testutil.ManualClock())
     throughput.session_started()
     throughput.observe(7)
     hook = self.hook(path, throughput)

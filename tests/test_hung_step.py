@@ -1,7 +1,7 @@
 """When a sync step that every peer answers for counts as hung: hung_step.HangRules, thread-free.
 
 A fake sync replica gives the global step each look reads; the stall watch's own tests
-(test_stall_watch.py) run the same rules on its thread.
+(test_hang_watch.py) run the same rules on its thread.
 """
 
 from absl.testing import absltest

@@ -1,6 +1,7 @@
 """Stop requests, restarts, and waits that end on a stop (no servers).
 
-The stall watch that decides on restarts is tested in test_stall_watch.py.
+The stall watch that decides on restarts is tested in test_stall_watch.py, test_hang_watch.py
+and test_stall_watch_outside_steps.py.
 """
 
 import contextlib

@@ -31,6 +31,16 @@ PYTHON = sys.executable  # the interpreter running the tests: the project's .ven
 LAUNCH_SH = str(REPO_ROOT / "launch.sh")
 
 
+class ManualClock:
+  """A monotonic clock (a callable returning seconds) that moves only when a test sets `now`."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self) -> float:
+    return self.now
+
+
 def pick_free_ports(n: int) -> List[int]:
   """Returns n distinct ports that are free right now.
 
