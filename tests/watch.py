@@ -1,10 +1,10 @@
 """A multi-process test's tasks, watched: a timeline of their logs and bounded waits on them.
 
-Shared by the tests that start one process per task and then inject a fault (tests/test_faults.py,
-tests/test_hosts_netns.py). A subclass starts the processes into `procs`, says how to read a task's
-log lines (`lines`) and how to report a failure (`report`); this class keeps the timeline (log
-lines as they appear, steady progress folded away so stalls stand out, exits) and waits with
-bounds, failing with the report.
+Shared by the tests that start one process per task and then inject a fault
+(tests/faulty_cluster.py, tests/test_hosts_netns.py). A subclass starts the processes into
+`procs`, says how to read a task's log lines (`lines`) and how to report a failure (`report`);
+this class keeps the timeline (log lines as they appear, steady progress folded away so stalls
+stand out, exits) and waits with bounds, failing with the report.
 """
 
 import re
