@@ -245,8 +245,11 @@ class LocalTrainingTest(absltest.TestCase):
       result = self.train("--train_steps=80", "--trace_steps=5")
     # Traced: this worker's steps 21-25 (after 20), the trace written as the last one ends.
     # Steps are seen by the global step they read (0 first), so the window starts at the end of
-    # the step that read 25, the first untraced one, not at 10% of the run.
-    self.assertEqual(result["measured_from_step"], 25)
+    # the first step that read 25 or more past the first one seen, not at 10% of the run (8). In
+    # one process nothing orders that read before the step's own increment, so a step may read
+    # the value it makes: once, under Bazel, the window started at 26 (which step read late is
+    # not known; in 3,000 steps under load here none did). Either way no traced step is in it.
+    self.assertIn(result["measured_from_step"], (25, 26))
     self.assertGreater(result["measured_secs"], 0)
     # Under Bazel absl logs TF's notes to stderr too: only the trainer's own lines count.
     self.assertNotIn("ps_trainer: warning", stderr.getvalue())
