@@ -294,17 +294,37 @@ class StopTest(absltest.TestCase):
       time.sleep(0.2)
     self.assertEqual(_processes_naming(log_dir), [], "the plain PS still runs")
 
+  def test_the_plain_patterns_ps_ends_when_what_named_itself_its_starter_was_gone_before(self):
+    # The bench names itself (--started_by): a bench killed before the PS's interpreter ran its
+    # first line, which no parent read at start can see, still ends it. Here the starter exits
+    # as soon as it has forked the PS.
+    log_dir = testutil.make_tempdir(self)
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in _processes_naming(log_dir)])
+    _, starter = self._start_plain_ps(log_dir, then="exit 0", started_by="--started_by=$$")
+    starter.wait()
+    deadline = time.monotonic() + 60
+    while _processes_naming(log_dir) and time.monotonic() < deadline:
+      time.sleep(0.2)
+    self.assertEqual(_processes_naming(log_dir), [], "the plain PS still runs")
+    with open(os.path.join(log_dir, "ps.log")) as f:
+      self.assertRegex(f.read(), rf"plain_tf1: ps 0: the process that started it \(pid "
+                                 rf"{starter.pid}\) is gone; ending")
+
   @staticmethod
-  def _start_plain_ps(log_dir):
-    """The plain pattern's PS, started by a shell that then waits (as sleep) in its place."""
+  def _start_plain_ps(log_dir, then='exec sleep 600', started_by=""):
+    """The plain pattern's PS, started by a shell that then does `then` (by default, waits as
+    sleep in its place); with `started_by`, the PS gets that flag (the shell's pid is $$). The
+    PS's output goes to <log_dir>/ps.log."""
     ps_port, worker_port = runs.free_ports(2)
-    starter = subprocess.Popen(
-        ["sh", "-c", '"$@" & exec sleep 600', "sh", sys.executable, "-m",
-         "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
-         f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
-         f"--log_dir={log_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=testutil.trainer_env(),
-        cwd=str(testutil.REPO_ROOT))
+    with open(os.path.join(log_dir, "ps.log"), "w") as log:
+      starter = subprocess.Popen(
+          ["sh", "-c", f'"$@" {started_by} & {then}', "sh", sys.executable, "-m",
+           "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
+           f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
+           f"--log_dir={log_dir}"],
+          stdout=log, stderr=subprocess.STDOUT, env=testutil.trainer_env(),
+          cwd=str(testutil.REPO_ROOT))
     return ps_port, starter
 
 

@@ -11,6 +11,7 @@ ps_trainer's checks.
 
   python -m ps_trainer.experiments.plain_tf1 --ps_hosts=... --worker_hosts=...
       --job_name=ps|worker --task_index=N --log_dir=DIR [--train_steps=...]
+      [--started_by=PID]
 
 Worker 0 writes <log_dir>/result.json with `steps_per_sec`, measured after the
 first 10% of steps as ps_trainer measures it.
@@ -21,10 +22,11 @@ import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Who started this process, read before TensorFlow's import and the server's
-# start (seconds): read after them, a starter killed meanwhile would already
-# have handed this process to another parent, and its PS would serve forever.
-_STARTED_BY = os.getppid()
+# Who started this process, unless --started_by says: read before TensorFlow's
+# import and the server's start (seconds), since a starter killed meanwhile would
+# already have handed this process to another parent, and its PS would serve
+# forever. Only a starter that names itself covers the interpreter's own start.
+_PARENT_AT_START = os.getppid()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -44,6 +46,9 @@ flags.DEFINE_integer("train_steps", 3000, "Global steps to train.")
 if "log_dir" in FLAGS:  # absl.logging's own --log_dir (unused) would clash.
   delattr(FLAGS, "log_dir")
 flags.DEFINE_string("log_dir", "", "Where worker 0 writes result.json.")
+flags.DEFINE_integer("started_by", 0, "The PID of the process that starts this one, its parent "
+                     "(the bench passes its own): the PS ends once it is gone. 0: the parent this "
+                     "process finds as it starts.")
 
 _EXAMPLES = 8192  # Fed in order, batch after batch, as tutorials slice arrays.
 
@@ -77,13 +82,16 @@ class _FinalGlobalStep(tf.compat.v1.train.SessionRunHook):
     self.value = int(session.run(self._global_step))
 
 
-def _serve_while_parent_lives():
+def _serve_while_parent_lives(starter: int):
   """The pattern's PS calls server.join() and never ends. This one serves as
-  long, but also ends once the process that started it is gone: a bench killed
-  with SIGKILL cannot stop it, and it would serve nobody forever. The step
-  never sees the difference (the server runs on its own threads)."""
-  while os.getppid() == _STARTED_BY:
+  long, but also ends once the process that started it (`starter`, its parent)
+  is gone: a bench killed with SIGKILL cannot stop it, and it would serve
+  nobody forever. The step never sees the difference (the server runs on its
+  own threads)."""
+  while os.getppid() == starter:
     time.sleep(0.5)
+  print(f"plain_tf1: ps {FLAGS.task_index}: the process that started it (pid {starter}) is gone; "
+        "ending", flush=True)
   # Exit at once: tearing the server down may block on its threads.
   os._exit(0)  # pylint: disable=protected-access
 
@@ -98,7 +106,7 @@ def main(unused_argv):
     server = tf.distribute.Server(cluster, job_name=FLAGS.job_name,
                                   task_index=FLAGS.task_index)
     if FLAGS.job_name == "ps":
-      _serve_while_parent_lives()
+      _serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START)
     target = server.target
     is_chief = FLAGS.task_index == 0
     device_fn = tf.compat.v1.train.replica_device_setter(

@@ -237,7 +237,10 @@ def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str) -> Run:
   ps_log = os.path.join(log_dir, "ps-0.log")
   worker_log = os.path.join(log_dir, "worker-0.log")
   started = time.monotonic()
-  ps = _start(common + ["--job_name=ps", "--task_index=0"], ps_log)
+  # Named, not inferred: a bench killed before the PS's interpreter ran its
+  # first line would otherwise leave it serving forever (plain_tf1.py).
+  ps = _start(common + ["--job_name=ps", "--task_index=0",
+                        f"--started_by={os.getpid()}"], ps_log)
   try:
     worker = _start(common + ["--job_name=worker", "--task_index=0"],
                     worker_log)
