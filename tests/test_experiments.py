@@ -161,19 +161,6 @@ class FinishedRunTest(absltest.TestCase):
                      "global step 100 of 100")
 
 
-def _processes_naming(text):
-  """Pids of the live processes whose command line holds text."""
-  pids = []
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if text.encode() in f.read():
-          pids.append(int(pid))
-    except OSError:
-      pass  # Ended while we looked.
-  return pids
-
-
 def _wait_for_file(path, secs=60):
   deadline = time.monotonic() + secs
   while not os.path.exists(path):
@@ -197,7 +184,7 @@ class StopTest(absltest.TestCase):
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
     self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(out_dir)])
+                             for pid in testutil.find_processes(out_dir)])
     return proc
 
   def _assert_stopped(self, proc, signum, run_label, command, out_dir):
@@ -209,7 +196,7 @@ class StopTest(absltest.TestCase):
         f"{run_label}: stopping it ({name})",
         f"{command}: stopped on {name}; the runs so far are in {out_dir}"])
     self.assertNotIn("Traceback", err)
-    self.assertEqual(_processes_naming(out_dir), [])
+    self.assertEqual(testutil.find_processes(out_dir), [])
 
   def test_a_compare_stopped_with_ctrl_c_ends_its_training_cluster(self):
     out_dir = os.path.join(testutil.make_tempdir(self), "compare")
@@ -238,7 +225,7 @@ class StopTest(absltest.TestCase):
     log_dir = testutil.make_tempdir(self)
     self.addCleanup(setattr, runs, "_stop_signal", None)
     self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(log_dir)])
+                             for pid in testutil.find_processes(log_dir)])
 
     def stop_once_both_started():
       try:
@@ -255,14 +242,12 @@ class StopTest(absltest.TestCase):
           log_dir)
     self.assertEqual(stopped.exception.signum, signal.SIGTERM)
     self.assertTrue(os.path.exists(os.path.join(log_dir, "worker-0.log")))
-    self.assertEqual(_processes_naming(log_dir), [])
+    self.assertEqual(testutil.find_processes(log_dir), [])
 
   def test_the_plain_patterns_ps_ends_once_what_started_it_is_gone(self):
     # A bench killed with SIGKILL cannot stop its runs. The trainer's end by themselves; the plain
     # pattern's PS would serve nobody forever.
     log_dir = testutil.make_tempdir(self)
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(log_dir)])
     ps_port, starter = self._start_plain_ps(log_dir)
     deadline = time.monotonic() + 60
     while True:  # Until the PS serves.
@@ -272,50 +257,38 @@ class StopTest(absltest.TestCase):
       except OSError:
         self.assertLess(time.monotonic(), deadline, "the plain PS did not start serving")
         time.sleep(0.2)
-    [ps_pid] = [pid for pid in _processes_naming(log_dir) if pid != starter.pid]
+    self.assertLen([pid for pid in testutil.find_processes(log_dir) if pid != starter.pid], 1)
     starter.kill()
     starter.wait()
-    deadline = time.monotonic() + 10
-    while _processes_naming(log_dir) and time.monotonic() < deadline:
-      time.sleep(0.2)
-    self.assertEqual(_processes_naming(log_dir), [], f"the plain PS (pid {ps_pid}) still runs")
+    testutil.assert_no_leftover(marker=log_dir, timeout=10)
 
   def test_the_plain_patterns_ps_ends_when_what_started_it_dies_as_it_starts(self):
     # Killed while the PS still imports TensorFlow: the PS must know its starter from before.
     log_dir = testutil.make_tempdir(self)
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(log_dir)])
     _, starter = self._start_plain_ps(log_dir)
     time.sleep(1)  # Importing TensorFlow takes ~3 s.
     starter.kill()
     starter.wait()
-    deadline = time.monotonic() + 60
-    while _processes_naming(log_dir) and time.monotonic() < deadline:
-      time.sleep(0.2)
-    self.assertEqual(_processes_naming(log_dir), [], "the plain PS still runs")
+    testutil.assert_no_leftover(marker=log_dir, timeout=60)
 
   def test_the_plain_patterns_ps_ends_when_what_named_itself_its_starter_was_gone_before(self):
     # The bench names itself (--started_by): a bench killed before the PS's interpreter ran its
     # first line, which no parent read at start can see, still ends it. Here the starter exits
     # as soon as it has forked the PS.
     log_dir = testutil.make_tempdir(self)
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in _processes_naming(log_dir)])
     _, starter = self._start_plain_ps(log_dir, then="exit 0", started_by="--started_by=$$")
     starter.wait()
-    deadline = time.monotonic() + 60
-    while _processes_naming(log_dir) and time.monotonic() < deadline:
-      time.sleep(0.2)
-    self.assertEqual(_processes_naming(log_dir), [], "the plain PS still runs")
+    testutil.assert_no_leftover(marker=log_dir, timeout=60)
     with open(os.path.join(log_dir, "ps.log")) as f:
       self.assertRegex(f.read(), rf"plain_tf1: ps 0: the process that started it \(pid "
                                  rf"{starter.pid}\) is gone; ending")
 
-  @staticmethod
-  def _start_plain_ps(log_dir, then='exec sleep 600', started_by=""):
+  def _start_plain_ps(self, log_dir, then='exec sleep 600', started_by=""):
     """The plain pattern's PS, started by a shell that then does `then` (by default, waits as
     sleep in its place); with `started_by`, the PS gets that flag (the shell's pid is $$). The
-    PS's output goes to <log_dir>/ps.log."""
+    PS's output goes to <log_dir>/ps.log; whatever names log_dir is killed as the test ends."""
+    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
+                             for pid in testutil.find_processes(log_dir)])
     ps_port, worker_port = runs.free_ports(2)
     with open(os.path.join(log_dir, "ps.log"), "w") as log:
       starter = subprocess.Popen(

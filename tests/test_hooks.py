@@ -150,7 +150,8 @@ class ResultHookTest(absltest.TestCase):
     path = os.path.join(testutil.make_tempdir(self), "result.json")
     with open(path, "w") as f:
       json.dump({"global_step": 10, "steps_per_sec": 2.0}, f)
-    self.hook(path, hooks.Throughput(train_steps=20, clock=testutil.ManualClock())).end(_Session(20))
+    hook = self.hook(path, hooks.Throughput(train_steps=20, clock=testutil.ManualClock()))
+    hook.end(_Session(20))
     with open(path) as f:
       result = json.load(f)
     self.assertEqual((result["global_step"], result["accuracy"]), (20, 0.75))
