@@ -245,8 +245,9 @@ run_local() {
     unset TF_CONFIG
   fi
 
-  # The chief's command line, checked before any task starts (nothing loads TensorFlow): a mistake
-  # is one line from the trainer and exit 2, with no cluster started and no log dir left behind.
+  # The chief's command line and the data it reads whole, checked before any task starts (nothing
+  # loads TensorFlow): a mistake is one line from the trainer and exit 2, with no cluster started
+  # and no log dir left behind.
   PS_TRAINER_CHECK_ONLY=1 "$PY" -m ps_trainer --job_name=worker --task_index=0 \
     "${common[@]}" "${args[@]}" || status=$?
   if ((status)); then

@@ -1,7 +1,8 @@
 """Data sets and tf.data input pipelines, one shard per worker.
 
-`load` reads a data set into numpy arrays (file formats live in readers.py) and
-reports every bad input as a one-line DataError. `train_input` and
+`load` reads a data set into numpy arrays (the ones read whole are
+data_sets.py's, file formats readers.py's) and reports every bad input as a
+one-line DataError. `train_input` and
 `test_input` turn a DataSet into graph-mode tf.data pipelines.
 
 In-memory arrays enter the graph through placeholders fed once, when the
@@ -21,18 +22,17 @@ Data sets:
              disk rather than loaded (tfrecords.py).
 """
 
-import dataclasses
-import os
 import typing
 
-import numpy as np
 import tensorflow as tf
 
 from ps_trainer import data_files
+from ps_trainer import data_sets
 from ps_trainer import readers
 from ps_trainer import record_checks
 from ps_trainer import synthetic
 from ps_trainer import tfrecords
+from ps_trainer.data_sets import DataSet
 from ps_trainer.readers import DataError
 
 __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
@@ -41,37 +41,10 @@ __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
 
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 
-DIGITS_PATH = os.path.join(os.path.dirname(__file__), "assets", "digits.npz")
-
 # The thread that draws synthetic batches. TF names a pool's threads "tf_" +
 # its name; Linux keeps 15 characters of a thread's name, so keep it short.
 _INPUT_POOL = "input"
 INPUT_THREAD_NAME = "tf_" + _INPUT_POOL
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # eq on arrays is ambiguous
-class DataSet:
-  """A data set in memory.
-
-  Attributes:
-    name: one of DATASETS.
-    input_shape: shape of one example, e.g. (8, 8, 1), (28, 28, 1) or (D,).
-    num_classes: number of classes; labels are in [0, num_classes).
-    x_train: float32 [N, *input_shape]; None for synthetic (generated
-      in-graph) and tfrecord (streamed).
-    y_train: int64 [N]; None for synthetic and tfrecord.
-    x_test: float32 [M, *input_shape]; None for tfrecord.
-    y_test: int64 [M]; None for tfrecord.
-    records: the TFRecord files of tfrecord, else None.
-  """
-  name: str
-  input_shape: tuple
-  num_classes: int
-  x_train: np.ndarray | None
-  y_train: np.ndarray | None
-  x_test: np.ndarray | None
-  y_test: np.ndarray | None
-  records: record_checks.RecordSet | None = None
 
 
 class Input(typing.NamedTuple):
@@ -107,11 +80,9 @@ def load(name, data_dir="", data_path=""):
   Raises:
     DataError: unknown name, missing flag, or a missing or bad file.
   """
-  if name == "digits":
-    arrays = readers.read_npz(DIGITS_PATH, DIGITS_PATH,
-                              "--dataset=digits (the bundled file)")
-    return _from_arrays(name, arrays["x_train"], arrays["y_train"],
-                        arrays["x_test"], arrays["y_test"])
+  in_memory = data_sets.read(name, data_dir, data_path)
+  if in_memory is not None:
+    return in_memory
   if name == "synthetic":
     x_test, y_test = synthetic.arrays(synthetic.TEST_SIZE, synthetic.TEST_SEED)
     return DataSet(name, synthetic.SHAPE, synthetic.CLASSES, None, None,
@@ -119,13 +90,6 @@ def load(name, data_dir="", data_path=""):
   missing = data_files.missing_file_flag(name, data_dir, data_path)
   if missing:
     raise DataError(missing)
-  if name == "mnist":
-    return _from_arrays(name, *readers.read_mnist(data_dir))
-  if name == "npz":
-    arrays = readers.read_npz(data_path, f"--data_path={data_path}",
-                              "--dataset=npz")
-    return _from_arrays(name, arrays["x_train"], arrays["y_train"],
-                        arrays["x_test"], arrays["y_test"])
   if name == "tfrecord":
     records = record_checks.inspect(data_dir)
     return DataSet(name, (records.dense_dim,), 2, None, None, None, None,
@@ -161,26 +125,6 @@ def find_bad_records(ds):
   print(f"ps_trainer: the input pipeline failed; scanning {len(files)} "
         "TFRecord file(s) for the bad record ...", flush=True)
   return record_checks.find_bad_record(files, ds.records.dense_dim)
-
-
-def _from_arrays(name, x_train, y_train, x_test, y_test):
-  """Builds a DataSet from checked arrays: float32 examples, int64 labels."""
-  x_train, x_test = _examples(x_train), _examples(x_test)
-  y_train, y_test = y_train.astype(np.int64), y_test.astype(np.int64)
-  # At least 2 so a model always has a real decision to make, even on a
-  # split that happens to hold one class.
-  num_classes = max(2, int(max(y_train.max(), y_test.max())) + 1)
-  return DataSet(name, tuple(int(d) for d in x_train.shape[1:]), num_classes,
-                 x_train, y_train, x_test, y_test)
-
-
-def _examples(x):
-  """uint8 -> float32 /255; floats -> float32; [N, H, W] -> [N, H, W, 1]."""
-  if x.dtype == np.uint8:
-    x = np.true_divide(x, 255, dtype=np.float32)  # one allocation, exact
-  else:
-    x = x.astype(np.float32, copy=False)
-  return x[..., np.newaxis] if x.ndim == 3 else x
 
 
 def not_converted(function):

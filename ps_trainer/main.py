@@ -47,6 +47,9 @@ def main(argv) -> int:
     config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
+  checking = bool(os.environ.get("PS_TRAINER_CHECK_ONLY"))
+  if checking:  # Before the log dir: a bad file then leaves nothing there.
+    _read_data_set(cfg)
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
   claim = None
   if cfg.is_chief:  # The one task that writes checkpoints there.
@@ -54,9 +57,10 @@ def main(argv) -> int:
       claim = output_dir.claim(cfg.train.log_dir, "--log_dir")
     except output_dir.OutputDirError as e:
       errors.fail(str(e))
-  if os.environ.get("PS_TRAINER_CHECK_ONLY"):
-    # `launch.sh local` checks the chief's flags so before it starts any task:
-    # a mistake is then one line, not one per task among the launcher's own.
+  if checking:
+    # `launch.sh local` checks the chief's flags and data so before it starts
+    # any task: a mistake is then one line, not one per task among the
+    # launcher's own (and a PS left waiting for workers that are gone).
     return 0
   try:
     return _run_task(cfg)
@@ -85,10 +89,28 @@ def _run_task(cfg) -> int:
   from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
   if cfg.cluster is not None and cfg.train.pin_cpus:
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
+  dataset = _read_data_set(cfg)
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   quiet_import.tensorflow()  # Before any module imports it, or TF's notes show.
   from ps_trainer import task  # pylint: disable=g-import-not-at-top
-  return task.run(cfg, stop)
+  return task.run(cfg, stop, dataset)
+
+
+def _read_data_set(cfg):
+  """The data set if numpy alone reads it (data_sets.py), else None.
+
+  Before TensorFlow loads, so a bad file is one line in a blink. In a task,
+  after the stop signals and the pinning, which numpy's threads must inherit;
+  `launch.sh local`'s check (PS_TRAINER_CHECK_ONLY) ends right after it.
+  """
+  if cfg.cluster is not None and cfg.cluster.is_ps:
+    return None  # A PS reads no data.
+  from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+  try:
+    return data_sets.read(cfg.data.dataset, cfg.data.data_dir,
+                          cfg.data.data_path)
+  except data_sets.DataError as e:
+    errors.fail(str(e))
 
 
 def _receive_stop_signals(cfg):

@@ -49,11 +49,17 @@ class _Loaded:
   dataset = None
 
 
-def run(cfg: config_lib.Config, stop: stops.StopRequest) -> int:
-  """Runs this task's role; returns its exit status or exits in one line."""
+def run(cfg: config_lib.Config, stop: stops.StopRequest,
+        dataset: data.DataSet | None = None) -> int:
+  """Runs this task's role; returns its exit status or exits in one line.
+
+  dataset: the data set when main.py read it before TensorFlow loaded; else
+  this task loads it, if its role needs one.
+  """
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   loaded = _Loaded()
+  loaded.dataset = dataset
   try:
     return _run_role(cfg, stop, loaded)
   except _INPUT_ERRORS as e:
@@ -83,8 +89,10 @@ def _run_role(cfg: config_lib.Config, stop: stops.StopRequest,
   info = cfg.cluster
   if info is not None and info.is_ps:
     return ps_task.run_ps(info, stop, cfg.train.wait_timeout_secs)
-  dataset = loaded.dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
-                                       cfg.data.data_path)
+  if loaded.dataset is None:
+    loaded.dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
+                               cfg.data.data_path)
+  dataset = loaded.dataset
   if info is not None and info.job_name == "evaluator":
     evaluator.run(cfg, dataset, stop)
     return 0

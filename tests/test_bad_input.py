@@ -10,9 +10,10 @@ default runs/ directory lands there) and asserts:
   * that line holds the case's key words: the flag, file or TF_CONFIG field, what was wrong and
     what is accepted.
 
-Cases that fail on flags or TF_CONFIG answer before TensorFlow loads (~0.2 s); data files and
-ports are checked after it loads (~3 s each), so those run with --train_steps=2 in case a
-regression lets them train.
+Cases that fail on flags, TF_CONFIG, the log directory or a data file read whole (digits, mnist,
+npz) answer before TensorFlow loads (~0.2 s), and are run so that an import of TensorFlow fails
+them; TFRecord files, ports and another model's checkpoints are checked after it loads (~3 s
+each). Cases that get that far run with --train_steps=2 in case a regression lets them train.
 """
 
 import fcntl
@@ -233,7 +234,7 @@ _CASES = (
                    '"task": {"type": "worker", "index": 2}}'},
      ['TF_CONFIG field "task"', "worker 2", "the cluster does not list",
       "listed worker indices: [0, 1]"]),
-    # Data: checked after TensorFlow loads (its flags before, below).
+    # Data files: the ones read whole before TensorFlow loads, TFRecord files after.
     ("mnist_data_dir_missing", None, ["--dataset=mnist", "--data_dir={tmp}/absent", _SHORT], {},
      ["--data_dir={tmp}/absent", "no such directory", _MNIST_NEEDS]),
     ("npz_data_path_missing", None, ["--dataset=npz", "--data_path={tmp}/absent.npz", _SHORT], {},
@@ -302,6 +303,27 @@ _CASES = (
 )
 
 
+# The cases that get past what is checked before TensorFlow loads: a TFRecord set's files (read
+# with TensorFlow), a port (its server's), another model's checkpoints. Every other case
+# runs with a `tensorflow` whose import ends the process with its own status (so the case fails):
+# a user's mistake there is one line in a blink, not after TensorFlow's seconds of start-up.
+_AFTER_TENSORFLOW = frozenset({"tfrecord_without_train_files", "tfrecord_negative_id",
+                               "port_in_use", "log_dir_of_another_model"})
+_TENSORFLOW_IMPORTED = 99
+
+
+def _tensorflow_that_ends_the_run(tmp):
+  """A directory holding a `tensorflow` package whose import ends the process at once.
+
+  With a status, not a line: the trainer hides what is printed while TensorFlow loads.
+  """
+  package = os.path.join(tmp, "no_tensorflow", "tensorflow")
+  os.makedirs(package)
+  with open(os.path.join(package, "__init__.py"), "w", encoding="utf-8") as f:
+    f.write(f"import os\nos._exit({_TENSORFLOW_IMPORTED})\n")
+  return os.path.dirname(package)
+
+
 def _user_env(extra):
   """The environment of a user's shell: the checkout importable, no test-only settings.
 
@@ -334,17 +356,21 @@ class BadInputTest(parameterized.TestCase):
                 f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
     return proc.returncode, stdout, stderr, time.monotonic() - start
 
-  @parameterized.named_parameters(*_CASES)
-  def test_one_clear_line(self, setup, argv, extra_env, words):
+  @parameterized.named_parameters(*((case[0],) + case for case in _CASES))
+  def test_one_clear_line(self, name, setup, argv, extra_env, words):
     tmp = testutil.make_tempdir(self)
     values = {"tmp": tmp}
     if setup is not None:
       values.update(setup(self, tmp))
     argv = [a.format(**values) for a in argv]
-    code, stdout, stderr, secs = self._run(argv, _user_env(extra_env), cwd=tmp)
+    env = _user_env(extra_env)
+    if name not in _AFTER_TENSORFLOW:
+      env["PYTHONPATH"] = os.pathsep.join((_tensorflow_that_ends_the_run(tmp), env["PYTHONPATH"]))
+    code, stdout, stderr, secs = self._run(argv, env, cwd=tmp)
     where = (f"\ncommand: python -m ps_trainer {' '.join(argv)}  env: {extra_env}  ({secs:.1f} s)"
              f"\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}")
     self.assertNotIn("Traceback", stdout + stderr, where)
+    self.assertNotEqual(code, _TENSORFLOW_IMPORTED, f"TensorFlow loaded before the error{where}")
     self.assertEqual(code, 2, f"exit status {code}, expected 2 (a user error){where}")
     self.assertEqual(stdout, "", f"expected nothing on stdout{where}")
     lines = stderr.splitlines()

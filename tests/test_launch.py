@@ -81,12 +81,15 @@ class LaunchInputTest(absltest.TestCase):
         self.assertEqual(out.strip(), f"launch.sh: {flag.split('=')[0]} takes no value (got "
                          f"{flag}): pass {flag.split('=')[0]} to turn it on, nothing to leave it off")
 
-  def test_a_bad_trainer_flag_is_the_trainers_one_line_before_any_task_starts(self):
+  def test_a_bad_trainer_flag_or_data_file_is_the_trainers_one_line_before_any_task_starts(self):
     cwd = testutil.make_tempdir(self)  # where the default runs/local-<time> would go
     for flags, says in (
         (["--train_steps=0"], "ps_trainer: error: flag --train_steps=0: must be >= 1"),
         (["--sync_replicas", "--replicas_to_aggregate=3"],
-         "ps_trainer: error: --replicas_to_aggregate=3 exceeds the 2 worker(s)")):
+         "ps_trainer: error: --replicas_to_aggregate=3 exceeds the 2 worker(s)"),
+        # Before, a cluster started, its workers failed, and its PS waited 10 s to be stopped.
+        (["--dataset=npz", f"--data_path={cwd}/absent.npz"],
+         f"ps_trainer: error: --data_path={cwd}/absent.npz: no such file")):
       with self.subTest(flags=flags):
         code, out = _run([testutil.LAUNCH_SH, "local", "--no_isolate", *flags], cwd=cwd)
         self.assertEqual(code, 2, out)
