@@ -53,6 +53,12 @@ def main(argv) -> int:
                                   FLAGS.num_workers or 2), "")
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
+  from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+  try:  # Before TensorFlow loads too, if numpy alone reads it.
+    dataset = data_sets.read(cfg.data.dataset, cfg.data.data_dir,
+                             cfg.data.data_path)
+  except data_sets.DataError as e:
+    _fail(str(e))
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
   tf.compat.v1.disable_eager_execution()
@@ -61,8 +67,9 @@ def main(argv) -> int:
   from ps_trainer import models  # pylint: disable=g-import-not-at-top
   from ps_trainer import plan  # pylint: disable=g-import-not-at-top
   try:
-    dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
-                        cfg.data.data_path)
+    if dataset is None:
+      dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
+                          cfg.data.data_path)
     result = plan.make(cfg, dataset)
   except (data.DataError, models.ModelError) as e:
     _fail(str(e))

@@ -304,24 +304,11 @@ _CASES = (
 
 
 # The cases that get past what is checked before TensorFlow loads: a TFRecord set's files (read
-# with TensorFlow), a port (its server's), another model's checkpoints. Every other case
-# runs with a `tensorflow` whose import ends the process with its own status (so the case fails):
-# a user's mistake there is one line in a blink, not after TensorFlow's seconds of start-up.
+# with TensorFlow), a port (its server's), another model's checkpoints. Every other case runs
+# with testutil.tensorflow_blocked, so that an import of TensorFlow fails it: a user's mistake
+# there is one line in a blink, not after TensorFlow's seconds of start-up.
 _AFTER_TENSORFLOW = frozenset({"tfrecord_without_train_files", "tfrecord_negative_id",
                                "port_in_use", "log_dir_of_another_model"})
-_TENSORFLOW_IMPORTED = 99
-
-
-def _tensorflow_that_ends_the_run(tmp):
-  """A directory holding a `tensorflow` package whose import ends the process at once.
-
-  With a status, not a line: the trainer hides what is printed while TensorFlow loads.
-  """
-  package = os.path.join(tmp, "no_tensorflow", "tensorflow")
-  os.makedirs(package)
-  with open(os.path.join(package, "__init__.py"), "w", encoding="utf-8") as f:
-    f.write(f"import os\nos._exit({_TENSORFLOW_IMPORTED})\n")
-  return os.path.dirname(package)
 
 
 def _user_env(extra):
@@ -365,12 +352,13 @@ class BadInputTest(parameterized.TestCase):
     argv = [a.format(**values) for a in argv]
     env = _user_env(extra_env)
     if name not in _AFTER_TENSORFLOW:
-      env["PYTHONPATH"] = os.pathsep.join((_tensorflow_that_ends_the_run(tmp), env["PYTHONPATH"]))
+      env = testutil.tensorflow_blocked(self, env)
     code, stdout, stderr, secs = self._run(argv, env, cwd=tmp)
     where = (f"\ncommand: python -m ps_trainer {' '.join(argv)}  env: {extra_env}  ({secs:.1f} s)"
              f"\n--- stdout ---\n{stdout}--- stderr ---\n{stderr}")
     self.assertNotIn("Traceback", stdout + stderr, where)
-    self.assertNotEqual(code, _TENSORFLOW_IMPORTED, f"TensorFlow loaded before the error{where}")
+    self.assertNotEqual(code, testutil.TENSORFLOW_IMPORTED,
+                        f"TensorFlow loaded before the error{where}")
     self.assertEqual(code, 2, f"exit status {code}, expected 2 (a user error){where}")
     self.assertEqual(stdout, "", f"expected nothing on stdout{where}")
     lines = stderr.splitlines()

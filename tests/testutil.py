@@ -81,6 +81,24 @@ def trainer_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
   return env
 
 
+# The exit status of a process that imported tensorflow_blocked()'s tensorflow.
+TENSORFLOW_IMPORTED = 99
+
+
+def tensorflow_blocked(test, env: Dict[str, str]) -> Dict[str, str]:
+  """env with a `tensorflow` first on PYTHONPATH whose import ends the process at once.
+
+  For the promise that a mistake is named before TensorFlow loads: such a run then exits with
+  TENSORFLOW_IMPORTED, not a line (the trainer hides what is printed while TensorFlow loads).
+  """
+  package = os.path.join(make_tempdir(test), "tensorflow")
+  os.makedirs(package)
+  with open(os.path.join(package, "__init__.py"), "w", encoding="utf-8") as f:
+    f.write(f"import os\nos._exit({TENSORFLOW_IMPORTED})\n")
+  paths = (os.path.dirname(package), env.get("PYTHONPATH"))
+  return dict(env, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
 def make_tempdir(test, prefix: str = "ps_trainer_test_") -> str:
   """A fresh directory removed when test ends (test.addCleanup).
 
