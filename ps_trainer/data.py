@@ -2,8 +2,8 @@
 
 `load` reads a data set into numpy arrays (the ones read whole are
 data_sets.py's, file formats readers.py's) and reports every bad input as a
-one-line DataError. `train_input` and
-`test_input` turn a DataSet into graph-mode tf.data pipelines.
+one-line DataError. `train_input` and `test_input` turn a DataSet into
+graph-mode tf.data pipelines.
 
 In-memory arrays enter the graph through placeholders fed once, when the
 iterator's initializer runs, never as graph constants (they can be hundreds of
