@@ -110,6 +110,12 @@ def make_tempdir(test, prefix: str = "ps_trainer_test_") -> str:
   return path
 
 
+def read_text(path: str) -> str:
+  """A log or text file's whole text (bytes that are not UTF-8 replaced)."""
+  with open(path, encoding="utf-8", errors="replace") as f:
+    return f.read()
+
+
 def tail(path: str, lines: int) -> str:
   """The last `lines` lines of a log file, or why there is none."""
   try:
