@@ -186,8 +186,9 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
 
 def check_data_flags(values: Mapping) -> None:
   """The data set's file flag is set, and no other: for the flags a user
-  gave (main, bench, compare), so a missing one is one line before anything
-  starts. A Config alone may lack it: a test passes its DataSet itself.
+  gave (main, plan, bench, compare), so a missing one is one line before
+  anything starts. A Config alone may lack it: a test passes its DataSet
+  itself.
 
   Raises:
     ConfigError: naming the flag.

@@ -1,6 +1,7 @@
 """Imports TensorFlow without its native start-up notes on stderr, and
-without Keras."""
+without Keras; numpy without its BLAS library's."""
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -22,11 +23,32 @@ def tensorflow():
   A value of TF_USE_LEGACY_KERAS set by the user is kept.
   """
   os.environ.setdefault(_KERAS_SWITCH, "1")
+  with _native_notes_hidden():
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf
+
+
+def numpy():
+  """Imports numpy with its BLAS library's start-up notes hidden.
+
+  Imported before TensorFlow (data_sets.py), numpy loads outside tensorflow()'s
+  capture, and OpenBLAS writes to file descriptor 2 on some hosts (that it
+  cannot tell the L2 cache size): a line before the one line of an error.
+  """
+  with _native_notes_hidden():
+    import numpy as np  # pylint: disable=g-import-not-at-top
+  return np
+
+
+@contextlib.contextmanager
+def _native_notes_hidden():
+  """File descriptor 2 into a temporary file for the block; what it holds is
+  written out after all if the block fails."""
   saved = os.dup(2)
   with tempfile.TemporaryFile() as capture:
     os.dup2(capture.fileno(), 2)
     try:
-      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      yield
     except BaseException:
       os.dup2(saved, 2)
       capture.seek(0)
@@ -35,4 +57,3 @@ def tensorflow():
     finally:
       os.dup2(saved, 2)
       os.close(saved)
-  return tf

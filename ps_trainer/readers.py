@@ -1,4 +1,4 @@
-"""File readers for ps_trainer.data: MNIST IDX files and keras-layout .npz.
+"""File readers for data_sets.py: MNIST IDX files and keras-layout .npz.
 
 numpy only (no TensorFlow), so files are checked, and bad ones reported, before
 any graph is built. Every bad input raises DataError with a one-line message

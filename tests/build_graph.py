@@ -10,7 +10,7 @@ import os
 import re
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
-# Packages (directories with a BUILD file) this test reads; "" is the repo root.
+# Packages (directories with a BUILD file) test_build_file.py reads; "" is the repo root.
 PACKAGES = ("", "ps_trainer", "tests")
 PY_RULES = ("py_library", "py_binary", "py_test")
 SIZES = ("small", "medium", "large", "enormous")

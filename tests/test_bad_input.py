@@ -90,6 +90,14 @@ class BadInputTest(parameterized.TestCase):
     # A local run that failed leaves no empty runs/local-<time> behind.
     self.assertFalse(os.path.exists(os.path.join(tmp, "runs")), where)
 
+  def test_the_blocked_tensorflow_ends_a_run_that_loads_it(self):
+    # What the cases run with testutil.tensorflow_blocked rely on: it is the one a run imports.
+    tmp = testutil.make_tempdir(self)
+    env = testutil.tensorflow_blocked(self, _user_env({}))
+    code, stdout, stderr, _ = self._run(["--dataset=synthetic", SHORT, f"--log_dir={tmp}/run"],
+                                        env, cwd=tmp)
+    self.assertEqual(code, testutil.TENSORFLOW_IMPORTED, stdout + stderr)
+
   def test_a_corrupt_record_met_while_training_is_named(self):
     # Past the records checked at start-up: found by the pipeline, then
     # named by a scan of the files (TF's own message names no file).

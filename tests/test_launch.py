@@ -1,5 +1,5 @@
-"""Tests of launch.sh: input checks, help, the .venv bootstrap. Whole local clusters:
-test_launch_local.py.
+"""Tests of launch.sh: input checks, help, the .venv bootstrap, and its grace for a stopped task.
+Whole local clusters: test_launch_local.py.
 """
 
 import os

@@ -69,19 +69,24 @@ class PlanTest(absltest.TestCase):
                      sum(v["bytes"] for v in printed["variables"]))
     self.assertGreater(printed["bytes_per_step_per_worker"], 0)
 
-  def test_cli_names_a_bad_data_file_in_one_line_before_tensorflow_loads(self):
+  def test_cli_names_a_bad_data_file_or_flag_in_one_line_before_tensorflow_loads(self):
     missing = os.path.join(absltest.get_default_test_tmpdir(), "absent.npz")
-    out = subprocess.run(
-        [sys.executable, "-m", "ps_trainer.plan_main", "--dataset=npz",
-         f"--data_path={missing}"],
-        capture_output=True, text=True, timeout=120, cwd=str(testutil.REPO_ROOT),
-        env=testutil.tensorflow_blocked(self, testutil.trainer_env()), check=False)
-    self.assertNotEqual(out.returncode, testutil.TENSORFLOW_IMPORTED, "TensorFlow loaded first")
-    self.assertEqual(out.returncode, 2, out.stderr)
-    self.assertEqual(out.stdout, "")
-    self.assertEqual(out.stderr.splitlines(), [
-        f"plan: error: --data_path={missing}: no such file; --dataset=npz needs a "
-        "keras-layout .npz with keys x_train, y_train, x_test, y_test"])
+    for argv, line in (
+        (["--dataset=npz", f"--data_path={missing}"],
+         f"--data_path={missing}: no such file; --dataset=npz needs a keras-layout .npz with "
+         "keys x_train, y_train, x_test, y_test"),
+        (["--dataset=mnist"], "--data_dir is not set; --dataset=mnist needs the four MNIST IDX"),
+        ([f"--data_path={missing}"], f"--data_path={missing}: --dataset=digits does not read it")):
+      with self.subTest(argv=argv):
+        out = subprocess.run(
+            [sys.executable, "-m", "ps_trainer.plan_main", *argv],
+            capture_output=True, text=True, timeout=120, cwd=str(testutil.REPO_ROOT),
+            env=testutil.tensorflow_blocked(self, testutil.trainer_env()), check=False)
+        self.assertNotEqual(out.returncode, testutil.TENSORFLOW_IMPORTED, "TensorFlow loaded")
+        self.assertEqual(out.returncode, 2, out.stderr)
+        self.assertEqual(out.stdout, "")
+        self.assertLen(out.stderr.splitlines(), 1, out.stderr)
+        self.assertStartsWith(out.stderr, f"plan: error: {line}")
 
   def test_the_run_signature_is_on_ps_0_whatever_the_model(self):
     # A worker reads the chief's flags there before it trains. Placed by

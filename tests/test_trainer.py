@@ -1,5 +1,6 @@
 """Training end to end in this process: local runs (result.json, checkpoints, sync alone, a stop
-at the last step, traced steps, NaN) and a chief started again on an in-process cluster.
+at the last step, traced steps, NaN), a stopped worker's last line, and a chief started again on
+an in-process cluster, with the bound on the end of its run.
 
 A run continued from its --log_dir: test_local_resume.py.
 """
