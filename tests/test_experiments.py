@@ -183,8 +183,7 @@ class StopTest(absltest.TestCase):
         [sys.executable, "-c", reset_sigint, testutil.LAUNCH_SH, *args],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in testutil.find_processes(out_dir)])
+    self.addCleanup(testutil.kill_processes, out_dir)
     return proc
 
   def _assert_stopped(self, proc, signum, run_label, command, out_dir):
@@ -224,8 +223,7 @@ class StopTest(absltest.TestCase):
   def test_a_stop_ends_the_plain_patterns_ps_and_worker(self):
     log_dir = testutil.make_tempdir(self)
     self.addCleanup(setattr, runs, "_stop_signal", None)
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in testutil.find_processes(log_dir)])
+    self.addCleanup(testutil.kill_processes, log_dir)
 
     def stop_once_both_started():
       try:
@@ -287,8 +285,7 @@ class StopTest(absltest.TestCase):
     """The plain pattern's PS, started by a shell that then does `then` (by default, waits as
     sleep in its place); with `started_by`, the PS gets that flag (the shell's pid is $$). The
     PS's output goes to <log_dir>/ps.log; whatever names log_dir is killed as the test ends."""
-    self.addCleanup(lambda: [os.kill(pid, signal.SIGKILL)
-                             for pid in testutil.find_processes(log_dir)])
+    self.addCleanup(testutil.kill_processes, log_dir)
     ps_port, worker_port = runs.free_ports(2)
     with open(os.path.join(log_dir, "ps.log"), "w") as log:
       starter = subprocess.Popen(

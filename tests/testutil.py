@@ -158,8 +158,7 @@ class Process:
     return f"--- last {lines} lines of {self.log_path} ---\n{tail(self.log_path, lines)}"
 
   def read_log(self) -> str:
-    with open(self.log_path, encoding="utf-8", errors="replace") as f:
-      return f.read()
+    return read_text(self.log_path)
 
   def signal_group(self, sig: int) -> None:
     """Sends sig to the process group (as Ctrl-C in a terminal would); no-op once it is gone."""
@@ -253,6 +252,19 @@ def find_processes(marker: str) -> List[int]:
           if pid != me and marker in cmdline(pid) and is_alive(pid)]
 
 
+def kill_processes(marker: str) -> None:
+  """SIGKILL to every live process whose command line contains marker (a test's clean-up)."""
+  _kill(find_processes(marker))
+
+
+def _kill(pids: Iterable[int]) -> None:
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except OSError:
+      pass  # Ended meanwhile.
+
+
 def assert_no_leftover(pids: Iterable[int] = (), marker: Optional[str] = None,
                        timeout: float = 10.0) -> None:
   """Fails if any of pids (or any process whose cmdline has marker) still runs after timeout.
@@ -271,11 +283,7 @@ def assert_no_leftover(pids: Iterable[int] = (), marker: Optional[str] = None,
     time.sleep(0.2)
   if alive:
     described = "\n".join(f"  pid {p}: {cmdline(p)}" for p in alive)
-    for p in alive:
-      try:
-        os.kill(p, signal.SIGKILL)
-      except OSError:
-        pass
+    _kill(alive)
     raise AssertionError(f"{len(alive)} process(es) still alive {timeout:.0f} s after the end "
                          f"(now killed):\n{described}")
 
