@@ -10,11 +10,18 @@ import dataclasses
 import os
 from typing import Any, Optional
 
-import numpy as np
+from ps_trainer import quiet_import
 
+# Before anything here imports it plainly: this module loads before TensorFlow,
+# outside the capture that hides TensorFlow's native notes, and numpy's BLAS
+# library writes its own to stderr on some hosts (quiet_import.numpy).
+np = quiet_import.numpy()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from ps_trainer import readers
 from ps_trainer.data_files import NPZ_KEYS
 from ps_trainer.readers import DataError
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 __all__ = ["DIGITS_PATH", "DataError", "DataSet", "read"]
 
@@ -47,7 +54,8 @@ class DataSet:
   records: Any = None
 
 
-def read(name: str, data_dir: str = "", data_path: str = "") -> Optional[DataSet]:
+def read(name: str, data_dir: str = "",
+         data_path: str = "") -> Optional[DataSet]:
   """Reads and checks data set `name` if it is one of these; else None.
 
   Raises:

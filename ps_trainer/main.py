@@ -48,8 +48,10 @@ def main(argv) -> int:
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   checking = bool(os.environ.get("PS_TRAINER_CHECK_ONLY"))
-  if checking:  # Before the log dir: a bad file then leaves nothing there
-    _read_data_set(cfg)  # (so it is named before a bad --log_dir here, after it in a task).
+  if checking:
+    # Before the log dir, so a bad file leaves nothing there (and is named
+    # before a bad --log_dir here, after it in a task).
+    _read_data_set(cfg)
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
   claim = None
   if cfg.is_chief:  # The one task that writes checkpoints there.
@@ -105,8 +107,6 @@ def _read_data_set(cfg):
   """
   if cfg.cluster is not None and cfg.cluster.is_ps:
     return None  # A PS reads no data.
-  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
-  quiet_import.numpy()  # Before data_sets imports it, or its BLAS notes show.
   from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
   try:
     return data_sets.read(cfg.data.dataset, cfg.data.data_dir,

@@ -55,14 +55,13 @@ def main(argv) -> int:
     config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
-  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
-  quiet_import.numpy()
   from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
   try:  # Before TensorFlow loads too, if numpy alone reads it.
     dataset = data_sets.read(cfg.data.dataset, cfg.data.data_dir,
                              cfg.data.data_path)
   except data_sets.DataError as e:
     _fail(str(e))
+  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)

@@ -31,9 +31,10 @@ def tensorflow():
 def numpy():
   """Imports numpy with its BLAS library's start-up notes hidden.
 
-  Imported before TensorFlow (data_sets.py), numpy loads outside tensorflow()'s
-  capture, and OpenBLAS writes to file descriptor 2 on some hosts (that it
-  cannot tell the L2 cache size): a line before the one line of an error.
+  Imported first by data_sets.py, before TensorFlow, numpy loads outside
+  tensorflow()'s capture, and OpenBLAS writes to file descriptor 2 on some
+  hosts (that it cannot tell the L2 cache size): a line before the one line of
+  an error.
   """
   with _native_notes_hidden():
     import numpy as np  # pylint: disable=g-import-not-at-top

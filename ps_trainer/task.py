@@ -1,10 +1,10 @@
 """One task's role, run once TensorFlow is loaded, and every way it ends.
 
 main.py has checked the flags and --log_dir without TensorFlow, and read the
-data set if numpy alone reads it (data_sets.py); here the role runs: a PS, the evaluator, a replica that trains (or finds its run
-finished), then the chief's export. Whatever stops it early becomes one line
-and an exit status: 2 for bad input, 1 for a failed run, 128 + the signal
-after a stop.
+data set if numpy alone reads it (data_sets.py); here the role runs: a PS,
+the evaluator, a replica that trains (or finds its run finished), then the
+chief's export. Whatever stops it early becomes one line and an exit status:
+2 for bad input, 1 for a failed run, 128 + the signal after a stop.
 """
 
 import errno

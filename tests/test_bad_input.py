@@ -1,8 +1,8 @@
 """`python -m ps_trainer` with bad input, as a user would run it: one clear line, exit 2.
 
 A catalogue of the mistakes a user makes with flags, TF_CONFIG, data files, ports and the log
-directory (bad_input_cases.py). Each case runs the real binary in a subprocess (cwd: a fresh temp dir, so a local run's
-default runs/ directory lands there) and asserts:
+directory (bad_input_cases.py). Each case runs the real binary in a subprocess (cwd: a fresh temp
+dir, so a local run's default runs/ directory lands there) and asserts:
   * exit status 2 (a user error), within a timeout, so a hang fails instead of blocking;
   * no "Traceback" anywhere;
   * stdout and stderr together hold exactly ONE line, on stderr, starting with

@@ -31,7 +31,8 @@ class StopGraceTest(absltest.TestCase):
   def test_the_launcher_kills_a_stopped_task_only_after_its_own_forced_exit(self):
     # A PS's is the latest (stops.PS_GRACE_SECS); SIGKILL before it would cost a blocked chief its
     # last checkpoint.
-    grace = re.search(r"^STOP_GRACE_SECS=(\d+)$", testutil.read_text(testutil.LAUNCH_SH), re.MULTILINE)
+    grace = re.search(r"^STOP_GRACE_SECS=(\d+)$", testutil.read_text(testutil.LAUNCH_SH),
+                      re.MULTILINE)
     self.assertIsNotNone(grace)
     self.assertGreater(int(grace.group(1)), stops.PS_GRACE_SECS + 2)
 

@@ -93,8 +93,8 @@ class LaunchLocalTest(absltest.TestCase):
         "failed: Operation not permitted); their servers listen on every interface of this "
         "machine without authentication (README: Security; --no_isolate hides this line)"])
     for name in ("ps-0", "worker-0", "worker-1"):
-      warnings = [line for line in testutil.read_text(os.path.join(log_dir, "logs", f"{name}.log")).splitlines()
-                  if line.startswith("ps_trainer: warning:")]
+      log = testutil.read_text(os.path.join(log_dir, "logs", f"{name}.log"))
+      warnings = [line for line in log.splitlines() if line.startswith("ps_trainer: warning:")]
       self.assertLen(warnings, 1, name)
       self.assertRegex(warnings[0], r"listens on port \d+ of every network interface, without "
                        r"authentication.*trusted network \(README: Security\)")

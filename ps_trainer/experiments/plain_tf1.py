@@ -23,9 +23,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Who started this process, unless --started_by says: read before TensorFlow's
-# import and the server's start (seconds), since a starter killed meanwhile would
-# already have handed this process to another parent, and its PS would serve
-# forever. Only a starter that names itself covers the interpreter's own start.
+# import and the server's start (seconds), since a starter killed meanwhile
+# would already have handed this process to another parent, and its PS would
+# serve forever. Only a starter that names itself covers the interpreter's own
+# start.
 _PARENT_AT_START = os.getppid()
 
 from absl import app  # pylint: disable=g-import-not-at-top
@@ -46,9 +47,10 @@ flags.DEFINE_integer("train_steps", 3000, "Global steps to train.")
 if "log_dir" in FLAGS:  # absl.logging's own --log_dir (unused) would clash.
   delattr(FLAGS, "log_dir")
 flags.DEFINE_string("log_dir", "", "Where worker 0 writes result.json.")
-flags.DEFINE_integer("started_by", 0, "The PID of the process that starts this one, its parent "
-                     "(the bench passes its own): the PS ends once it is gone. 0: the parent this "
-                     "process finds as it starts.")
+flags.DEFINE_integer("started_by", 0,
+                     "The PID of the process that starts this one, its parent "
+                     "(the bench passes its own): the PS ends once it is gone. "
+                     "0: the parent this process finds as it starts.")
 
 _EXAMPLES = 8192  # Fed in order, batch after batch, as tutorials slice arrays.
 
@@ -90,8 +92,8 @@ def _serve_while_parent_lives(starter: int):
   own threads)."""
   while os.getppid() == starter:
     time.sleep(0.5)
-  print(f"plain_tf1: ps {FLAGS.task_index}: the process that started it (pid {starter}) is gone; "
-        "ending", flush=True)
+  print(f"plain_tf1: ps {FLAGS.task_index}: the process that started it "
+        f"(pid {starter}) is gone; ending", flush=True)
   # Exit at once: tearing the server down may block on its threads.
   os._exit(0)  # pylint: disable=protected-access
 
