@@ -44,13 +44,13 @@ def numpy():
 @contextlib.contextmanager
 def _native_notes_hidden():
   """File descriptor 2 into a temporary file for the block; what it holds is
-  written out after all if the block fails."""
+  written out after all if the block fails (not if Ctrl-C cut it short)."""
   saved = os.dup(2)
   with tempfile.TemporaryFile() as capture:
     os.dup2(capture.fileno(), 2)
     try:
       yield
-    except BaseException:
+    except Exception:
       os.dup2(saved, 2)
       capture.seek(0)
       sys.stderr.write(capture.read().decode(errors="replace"))

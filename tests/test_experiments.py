@@ -175,12 +175,8 @@ class StopTest(absltest.TestCase):
   itself while the bench lives."""
 
   def _start(self, args, out_dir):
-    # Through a wrapper that gives the command a default SIGINT: the suite itself may run as a
-    # script's background job, which starts with SIGINT ignored, and the command keeps it so.
-    reset_sigint = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-                    "os.execv(sys.argv[1], sys.argv[1:])")
     proc = subprocess.Popen(
-        [sys.executable, "-c", reset_sigint, testutil.LAUNCH_SH, *args],
+        testutil.with_default_sigint([testutil.LAUNCH_SH, *args]),
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env=testutil.trainer_env(), cwd=str(testutil.REPO_ROOT))
     self.addCleanup(testutil.kill_processes, out_dir)

@@ -54,5 +54,21 @@ class QuietImportTest(absltest.TestCase):
     self.assertIn("keras", result["loaded"])
 
 
+  def test_the_notes_show_when_the_import_fails_and_not_when_ctrl_c_cuts_it(self):
+    child = "from ps_trainer import quiet_import\nquiet_import.numpy()\n"
+    for error, notes_shown in (("ImportError('a broken numpy')", True),
+                               ("KeyboardInterrupt", False)):
+      with self.subTest(error=error):
+        # A numpy that writes a note to file descriptor 2, then fails.
+        env = testutil.with_fake_package(
+            self, testutil.trainer_env(), "numpy",
+            f"import os\nos.write(2, b'a BLAS note\\n')\nraise {error}\n")
+        done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        self.assertNotEqual(done.returncode, 0)
+        self.assertIn(error.split("(")[0], done.stderr)
+        self.assertEqual("a BLAS note" in done.stderr, notes_shown, done.stderr)
+
+
 if __name__ == "__main__":
   absltest.main()

@@ -91,12 +91,28 @@ def tensorflow_blocked(test, env: Dict[str, str]) -> Dict[str, str]:
   For the promise that a mistake is named before TensorFlow loads: such a run then exits with
   TENSORFLOW_IMPORTED, not a line (the trainer hides what is printed while TensorFlow loads).
   """
-  package = os.path.join(make_tempdir(test), "tensorflow")
+  return with_fake_package(test, env, "tensorflow", f"import os\nos._exit({TENSORFLOW_IMPORTED})\n")
+
+
+def with_fake_package(test, env: Dict[str, str], name: str, source: str) -> Dict[str, str]:
+  """env with a package `name` first on PYTHONPATH, its __init__.py `source`."""
+  package = os.path.join(make_tempdir(test), name)
   os.makedirs(package)
   with open(os.path.join(package, "__init__.py"), "w", encoding="utf-8") as f:
-    f.write(f"import os\nos._exit({TENSORFLOW_IMPORTED})\n")
+    f.write(source)
   paths = (os.path.dirname(package), env.get("PYTHONPATH"))
   return dict(env, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+def with_default_sigint(argv: Sequence[str]) -> List[str]:
+  """argv run through a wrapper that gives it Python's default SIGINT (Ctrl-C ends it).
+
+  The suite may itself run as a script's background job, which starts with SIGINT ignored, and
+  an ignored signal stays ignored across exec: a Ctrl-C sent to such a child would do nothing.
+  """
+  reset = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+           "os.execv(sys.argv[1], sys.argv[1:])")
+  return [PYTHON, "-c", reset, *argv]
 
 
 def make_tempdir(test, prefix: str = "ps_trainer_test_") -> str:
