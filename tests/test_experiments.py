@@ -101,11 +101,17 @@ class BadInputTest(absltest.TestCase):
   def test_a_mistake_is_the_only_line_when_the_runs_are_isolated_too(self):
     # Isolated (the default), launch.sh leaves its note on the private network
     # namespace for the command to print after its checks.
-    out = os.path.join(testutil.make_tempdir(self), "out")
+    tmp = testutil.make_tempdir(self)
+    out, bench_dir, missing = (os.path.join(tmp, name) for name in ("out", "bench", "no.npz"))
     for args, says in (
-        (["bench", "--no_such_flag=1"], "bench: error: --no_such_flag=1: not a trainer flag"),
+        (["bench", f"--bench_dir={bench_dir}", "--no_such_flag=1"],
+         "bench: error: --no_such_flag=1: not a trainer flag"),
         (["compare", f"--out_dir={out}", "--batch_size=0"],
-         "compare: error: flag --batch_size=0: must be >= 1")):
+         "compare: error: flag --batch_size=0: must be >= 1"),
+        # Read as the trainer reads it, before any run (whose check would name it too, but
+        # after the command's first lines and with the run's directory made).
+        (["bench", f"--bench_dir={bench_dir}", "--dataset=npz", f"--data_path={missing}"],
+         f"bench: error: --data_path={missing}: no such file")):
       code, _, err = _run(args, 60)
       self.assertEqual(code, 2, (args, err))
       # Where namespaces cannot be made, launch.sh's warning about that comes first.
@@ -113,6 +119,7 @@ class BadInputTest(absltest.TestCase):
                if not line.startswith("launch.sh: cannot isolate")]
       self.assertLen(lines, 1, (args, err))
       self.assertStartsWith(lines[0], says)
+      self.assertFalse(os.path.exists(bench_dir) or os.path.exists(out), args)
 
 
 class LauncherNoteTest(absltest.TestCase):

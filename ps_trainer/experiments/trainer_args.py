@@ -7,6 +7,7 @@ from typing import Dict, List, Set
 from absl import flags
 
 from ps_trainer import config as config_lib
+from ps_trainer import data_sets
 from ps_trainer import errors
 from ps_trainer import flags as trainer_flags
 from ps_trainer import help_flags
@@ -21,12 +22,13 @@ def parse(argv: List[str], owned: Set[str],
   """`defaults` overridden by the trainer flags in argv: --name=value, or
   --name and --noname for a boolean flag, as the trainer takes them.
 
-  Checks them with the trainer's own validators, so a typo fails before any
-  run starts.
+  Checks them with the trainer's own validators, and reads the data file
+  they name as the trainer would, so a typo or a missing file fails before
+  any run starts (or the command makes its directory).
 
   Raises:
     ArgsError: not a trainer flag; a flag in `owned` (the caller sets it for
-      each run); a value the trainer would refuse.
+      each run); a value the trainer would refuse; a missing or bad data file.
   """
   values = dict(defaults)
   fv = flags.FlagValues()
@@ -44,9 +46,10 @@ def parse(argv: List[str], owned: Set[str],
   try:
     fv(["runs"] + [f"--{k}={v}" for k, v in values.items()])
     config_lib.check_data_flags(fv.flag_values_dict())
+    data_sets.read(fv.dataset, fv.data_dir, fv.data_path)
   except flags.Error as e:
     raise ArgsError(errors.flag_error(e)) from None
-  except config_lib.ConfigError as e:
+  except (config_lib.ConfigError, data_sets.DataError) as e:
     raise ArgsError(str(e)) from None
   return values
 
