@@ -142,7 +142,8 @@ class RunThenFinishTest(absltest.TestCase):
 
 # An `absl` first on PYTHONPATH that presses Ctrl-C as a program loads it (every program here
 # imports absl before it takes SIGINT itself), then waits for what the signal does.
-_ABSL_THAT_INTERRUPTS = "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n"
+_ABSL_THAT_INTERRUPTS = ("import os, signal, time\n"
+                         "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
 
 
 class InterruptAtStartTest(absltest.TestCase):
