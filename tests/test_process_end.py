@@ -140,34 +140,6 @@ class RunThenFinishTest(absltest.TestCase):
     run_then_finish.assert_called_once()
 
 
-# An `absl` first on PYTHONPATH that presses Ctrl-C as a program loads it (every program here
-# imports absl before it takes SIGINT itself), then waits for what the signal does.
-_ABSL_THAT_INTERRUPTS = ("import os, signal, time\n"
-                         "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\n")
-
-
-class InterruptAtStartTest(absltest.TestCase):
-  """Ctrl-C while a program is still loading ends it with status 130 and no traceback
-  (ps_trainer/__init__.py); once loaded, each program takes SIGINT itself."""
-
-  def test_each_program_ends_quietly_with_status_130(self):
-    env = testutil.with_fake_package(self, testutil.trainer_env(), "absl", _ABSL_THAT_INTERRUPTS)
-    for module in ("ps_trainer", "ps_trainer.experiments.bench", "ps_trainer.plan_main",
-                   "ps_trainer.clicks"):
-      with self.subTest(module=module):
-        done = subprocess.run(testutil.with_default_sigint([sys.executable, "-m", module]),
-                              env=env, capture_output=True, text=True, timeout=60, check=False)
-        self.assertEqual((done.returncode, done.stdout, done.stderr), (130, "", ""))
-
-  def test_a_program_that_imports_the_package_keeps_its_keyboard_interrupt(self):
-    check = ("import signal, ps_trainer; "
-             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
-    done = subprocess.run(testutil.with_default_sigint([sys.executable, "-c", check]),
-                          env=testutil.trainer_env(), capture_output=True, text=True,
-                          timeout=60, check=False)
-    self.assertEqual((done.returncode, done.stdout), (0, "True\n"), done.stderr)
-
-
 # A sync replica's stall watch clears its hang-vote flag on PS 0 after each session start; this
 # runs such clears back to back, so the program's exit always comes during one.
 _CHILD = textwrap.dedent("""
