@@ -238,8 +238,9 @@ def _per_worker_output(values: Mapping, cluster, flag: str, subdir: str):
   if value and not values["log_dir"] and cluster is not None:
     shown = f"--{flag}" if value is True else f"--{flag}={value}"
     raise ConfigError(
-        f"{shown} needs --log_dir on this worker: it writes to "
-        f"<log_dir>/{subdir}/")
+        f"{shown} needs --log_dir on this worker too: it writes to "
+        f"<log_dir>/{subdir}/ (on the chief's host, pass the chief's; on "
+        "another, a directory there; or leave the flag to the chief)")
   return value
 
 

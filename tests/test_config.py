@@ -206,13 +206,14 @@ class ConfigTest(parameterized.TestCase):
   def test_tracing_a_worker_needs_its_log_dir(self):
     with self.assertRaisesRegex(
         config.ConfigError,
-        r"^--trace_steps=5 needs --log_dir on this worker: it writes to "
-        r"<log_dir>/traces/$"):
+        r"^--trace_steps=5 needs --log_dir on this worker too: it writes to "
+        r"<log_dir>/traces/ \(on the chief's host, pass the chief's; on another, a directory "
+        r"there; or leave the flag to the chief\)$"):
       config.from_flag_values(_values(trace_steps=5, **_WORKER_1), "")
     with self.assertRaisesRegex(
         config.ConfigError,
-        r"^--record_steps needs --log_dir on this worker: it writes to "
-        r"<log_dir>/steps/$"):
+        r"^--record_steps needs --log_dir on this worker too: it writes to "
+        r"<log_dir>/steps/ \("):
       config.from_flag_values(_values(record_steps=True, **_WORKER_1), "")
 
   def test_a_ps_ignores_trace_steps(self):
