@@ -57,10 +57,15 @@ class DataSet:
 def read(name: str, data_dir: str = "",
          data_path: str = "") -> Optional[DataSet]:
   """Reads and checks data set `name` if it is one of these; else None.
+  Of a TFRecord set, streamed once TensorFlow has loaded, only checks that
+  its train* and test* files are there.
 
   Raises:
     DataError: a missing or bad file, in one line.
   """
+  if name == "tfrecord" and data_dir:
+    readers.list_tfrecord_files(data_dir)
+    return None
   if name == "mnist" and data_dir:
     splits = readers.read_mnist(data_dir)
   elif name == "digits":

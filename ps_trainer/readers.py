@@ -13,7 +13,9 @@ import zlib
 import numpy as np
 
 from ps_trainer import errors
+from ps_trainer import data_files
 from ps_trainer.data_files import MNIST_FILES, MNIST_NEEDS, NPZ_KEYS
+from ps_trainer.data_files import TFRECORD_NEEDS
 
 
 class DataError(ValueError):
@@ -208,6 +210,33 @@ def read_mnist(data_dir):
           f"(--dataset=mnist)")
     arrays += [images, labels]
   return tuple(arrays)
+
+
+def list_tfrecord_files(data_dir):
+  """Returns (train files, test files) of a TFRecord set's --data_dir: sorted
+  full paths. Their records are read with TensorFlow (record_checks.py); a
+  missing directory or split is named before it loads."""
+  if not data_dir:
+    raise DataError(data_files.missing_file_flag("tfrecord", data_dir, ""))
+  if not os.path.isdir(data_dir):
+    raise DataError(f"--data_dir={data_dir}: no such directory; "
+                    f"{TFRECORD_NEEDS}")
+  try:
+    names = sorted(os.listdir(data_dir))
+  except OSError as e:
+    raise DataError(f"--data_dir={data_dir}: cannot list ({e.strerror}); "
+                    f"{TFRECORD_NEEDS}") from e
+  # Subdirectories are not searched: a train/ directory is not a file.
+  files = [n for n in names if os.path.isfile(os.path.join(data_dir, n))]
+  split = {}
+  for prefix in ("train", "test"):
+    split[prefix] = tuple(os.path.join(data_dir, n) for n in files
+                          if n.startswith(prefix))
+    if not split[prefix]:
+      shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+      raise DataError(f"--data_dir={data_dir}: no {prefix}* files (found: "
+                      f"{shown or 'nothing'}); {TFRECORD_NEEDS}")
+  return split["train"], split["test"]
 
 
 def read_npz(path, label, context):

@@ -29,7 +29,6 @@ from google.protobuf import message
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import data_files
 from ps_trainer import errors
 from ps_trainer import readers
 from ps_trainer.data_files import TFRECORD_NEEDS
@@ -182,31 +181,6 @@ def file_names(paths, most=3):
   return ", ".join(names)
 
 
-def _list_files(data_dir):
-  """Returns (train files, test files) of data_dir: sorted full paths."""
-  if not data_dir:
-    raise DataError(data_files.missing_file_flag("tfrecord", data_dir, ""))
-  if not os.path.isdir(data_dir):
-    raise DataError(f"--data_dir={data_dir}: no such directory; "
-                    f"{TFRECORD_NEEDS}")
-  try:
-    names = sorted(os.listdir(data_dir))
-  except OSError as e:
-    raise DataError(f"--data_dir={data_dir}: cannot list ({e.strerror}); "
-                    f"{TFRECORD_NEEDS}") from e
-  # Subdirectories are not searched: a train/ directory is not a file.
-  files = [n for n in names if os.path.isfile(os.path.join(data_dir, n))]
-  split = {}
-  for prefix in ("train", "test"):
-    split[prefix] = tuple(os.path.join(data_dir, n) for n in files
-                          if n.startswith(prefix))
-    if not split[prefix]:
-      shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-      raise DataError(f"--data_dir={data_dir}: no {prefix}* files (found: "
-                      f"{shown or 'nothing'}); {TFRECORD_NEEDS}")
-  return split["train"], split["test"]
-
-
 def inspect(data_dir: str) -> RecordSet:
   """Finds and checks the TFRecord files of --data_dir.
 
@@ -227,7 +201,7 @@ def inspect(data_dir: str) -> RecordSet:
       label other than 0 or 1, a negative id, or a dense length different
       from another record's; a split without records.
   """
-  train_files, test_files = _list_files(data_dir)
+  train_files, test_files = readers.list_tfrecord_files(data_dir)
   check = _SchemaCheck()
   counts = {}
   for split, files in (("train", train_files), ("test", test_files)):

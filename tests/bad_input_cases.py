@@ -293,9 +293,8 @@ CASES = (
 )
 
 
-# The cases that get past what is checked before TensorFlow loads: a TFRecord set's files (read
+# The cases that get past what is checked before TensorFlow loads: a TFRecord set's records (read
 # with TensorFlow), a port (its server's), another model's checkpoints. Every other case runs
 # with testutil.tensorflow_blocked, so that an import of TensorFlow fails it: a user's mistake
 # there is one line in a blink, not after TensorFlow's seconds of start-up.
-AFTER_TENSORFLOW = frozenset({"tfrecord_without_train_files", "tfrecord_negative_id",
-                               "port_in_use", "log_dir_of_another_model"})
+AFTER_TENSORFLOW = frozenset({"tfrecord_negative_id", "port_in_use", "log_dir_of_another_model"})
