@@ -287,8 +287,15 @@ run_local() {
     msg "chief (worker-0) exited with status $chief_status (log: ${TASK_LOGS[CHIEF]})"
     say_how_to_continue "$chief_status"
   fi
-  # Shorter if the chief failed: then nobody may tell the PS tasks to stop.
-  wait_for_the_rest $((chief_status == 0 ? EXIT_WAIT_SECS : (EXIT_WAIT_SECS < 10 ? EXIT_WAIT_SECS : 10)))
+  if [[ $chief_status == 2 && -n $(running_tasks) ]]; then
+    # It refused its flags or data (a log dir of another model, found once its graph is built): the
+    # run never began, so nothing is worth waiting for.
+    msg "stopping $(running_tasks): the chief refused its flags or data"
+    stop_tasks "$STOP_GRACE_SECS"
+  else
+    # Shorter if the chief failed: then nobody may tell the PS tasks to stop.
+    wait_for_the_rest $((chief_status == 0 ? EXIT_WAIT_SECS : (EXIT_WAIT_SECS < 10 ? EXIT_WAIT_SECS : 10)))
+  fi
   if ((evaluator)) && [[ -f $log_dir/eval.json ]]; then
     msg "evaluator: scores in $log_dir/eval.json (its log: $log_dir/logs/evaluator-0.log)"
   fi

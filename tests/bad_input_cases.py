@@ -12,7 +12,7 @@ import subprocess
 
 import testutil
 
-# A set-up that trains (_run_of_another_model): ~4 s, bounded so a hang fails.
+# A set-up that trains (run_of_another_model): ~4 s, bounded so a hang fails.
 _SETUP_TIMEOUT_SECS = 120
 
 # A small valid cluster: 1 PS + 2 workers (nothing listens: every case fails before connecting).
@@ -97,7 +97,7 @@ def _port_in_use(test, tmp):
   return {"port": sock.getsockname()[1], "worker_port": testutil.pick_free_ports(1)[0]}
 
 
-def _run_of_another_model(test, tmp):
+def run_of_another_model(test, tmp):
   """{tmp}/run: checkpoints of a 2-step mlp 8,8 run (a real one: ~4 s)."""
   done = subprocess.run([testutil.PYTHON, "-m", "ps_trainer", "--hidden_units=8,8", SHORT,
                          f"--log_dir={tmp}/run"], env=testutil.trainer_env(), cwd=tmp,
@@ -201,7 +201,7 @@ CASES = (
     ("log_dir_in_use_by_another_chief", _claimed_log_dir, ["--log_dir={tmp}/run", SHORT], {},
      ["--log_dir={tmp}/run: a chief trains into it now (pid 4242 on otherhost)",
       "overwrite each other's checkpoints", "pass another --log_dir"]),
-    ("log_dir_of_another_model", _run_of_another_model,
+    ("log_dir_of_another_model", run_of_another_model,
      ["--hidden_units=8,4", SHORT, "--log_dir={tmp}/run"], {},
      ["--log_dir={tmp}/run holds checkpoints of another model",
       "model/hidden1/kernel is [8, 8] there, [8, 4] here",

@@ -13,6 +13,7 @@ import time
 
 from absl.testing import absltest
 
+import bad_input_cases
 import testutil
 
 # A generous bound for a loaded 2-core machine: TF start-up alone is ~3 s of CPU per process.
@@ -74,6 +75,23 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertAlmostEqual(scores[-1]["accuracy"], result["accuracy"], places=6)
     self.assertIn("evaluator: scored the final checkpoint",
                   testutil.read_text(os.path.join(log_dir, "logs", "evaluator-0.log")))
+
+  def test_a_chief_that_refuses_its_log_dir_ends_the_cluster_at_once(self):
+    # Found once the chief's graph is built, with the other tasks started: the run never began,
+    # so they are stopped now, not after the 10 s given to those of a chief that failed.
+    tmp = testutil.make_tempdir(self)
+    bad_input_cases.run_of_another_model(self, tmp)  # {tmp}/run: an mlp 8,8's checkpoints.
+    log_dir = os.path.join(tmp, "run")
+    proc = testutil.start([testutil.LAUNCH_SH, "local", f"--log_dir={log_dir}",
+                           "--hidden_units=8,4"], os.path.join(tmp, "launch.out"),
+                          name="launch.sh local")
+    self.addCleanup(proc.kill_group)
+    self.assertEqual(proc.wait(timeout=CLUSTER_TIMEOUT_SECS), 2, proc.log_tail(60))
+    out = proc.read_log()
+    self.assertIn(f"--log_dir={log_dir} holds checkpoints of another model", out)
+    self.assertIn("launch.sh: stopping ps-0 worker-1: the chief refused its flags or data", out)
+    self.assertNotIn("waiting up to", out)
+    testutil.assert_no_leftover(marker=log_dir)
 
   def test_without_namespaces_says_so_in_one_line_and_runs(self):
     fake_bin = testutil.make_tempdir(self)
