@@ -164,7 +164,9 @@ def _check_index(where: str, job_name: str, index: int, count: int) -> None:
   if not 0 <= index < count:
     raise ClusterError(
         f"{where}: {job_name} index out of range; the cluster has {count} "
-        f"{job_name} task(s), so accepted indices are 0-{count - 1}")
+        f"{job_name} task(s), so "
+        + ("the accepted index is 0" if count == 1
+           else f"accepted indices are 0-{count - 1}"))
 
 
 def parse_tf_config(text: str, num_workers: Optional[int] = None
@@ -342,7 +344,7 @@ def resolve(ps_hosts: str, worker_hosts: str, job_name: str,
     return None
   if not job_name:
     raise ClusterError("--job_name is missing; a cluster task needs "
-                       "--job_name=ps|worker and --task_index")
+                       "--job_name=ps|worker|evaluator and --task_index")
   if task_index is None:
     raise ClusterError(f"--task_index is missing for --job_name={job_name}; "
                        "pass the task's index in its host list, from 0")

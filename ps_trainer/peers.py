@@ -57,7 +57,8 @@ class Peers:
     if self._info is None:
       return
     waits.wait_for_addresses(self._info.ps_addresses(), self._timeout,
-                             stop=self._stop, note_at_once=True)
+                             stop=self._stop, note_at_once=True,
+                             who=self._cfg.task_name)
     if not self._info.is_chief:
       self._wait_for_chief()
     # After a stop and a restart this replica's done flag is still set.
@@ -74,14 +75,14 @@ class Peers:
                          config=self._session_config) as session:
       waits.wait_until(lambda: session.run(tg.signature_published), what,
                        self._timeout, poll_secs=_CHIEF_POLL_SECS,
-                       stop=self._stop)
+                       stop=self._stop, who=self._cfg.task_name)
       problem = run_signature.mismatch(
           tg.own_signature, session.run(tg.signature).decode())
       if problem:
         raise run_signature.MismatchError(problem)
       waits.wait_until(waits.all_initialized(session, tg.model_not_ready), what,
                        self._timeout, poll_secs=_CHIEF_POLL_SECS,
-                       stop=self._stop)
+                       stop=self._stop, who=self._cfg.task_name)
 
   def stall_reason(self) -> str:
     """What a long step waits for: the peers it needs that do not answer."""

@@ -83,7 +83,7 @@ def release_workers(session, release_op, others: int, workers_done: Callable,
     return False
 
   try:
-    waits.wait_until(released, what, bound_secs, poll_secs=0.2)
+    waits.wait_until(released, what, bound_secs, poll_secs=0.2, who="chief")
   except waits.WaitTimeout as e:
     if not stopping:
       errors.warn(f"{e}; {leaving}")

@@ -31,7 +31,7 @@ class Stopped(RuntimeError):
 def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
                poll_secs: float = 0.5, note_every_secs: float = 10.0,
                clock=time.monotonic, sleep=time.sleep, stop=None,
-               note_at_once: bool = False) -> None:
+               note_at_once: bool = False, who: str = "") -> None:
   """Polls `ready()` until it is true, printing `what` every so often.
 
   Args:
@@ -43,19 +43,21 @@ def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
     note_every_secs: pause between "still waiting" lines.
     stop: a StopRequest (stops.py), or None; a requested stop ends the wait.
     note_at_once: print "waiting for" at once if not ready at the first poll.
+    who: the task that waits ("worker 1"), said first on each of those lines.
 
   Raises:
     WaitTimeout: `ready()` stayed false for `timeout_secs`.
     Stopped: `stop` was requested.
   """
   describe = what if callable(what) else lambda: what
+  said = f"{who}: " if who else ""
   start = clock()
   next_note = start + note_every_secs
   if note_at_once:
     if ready():
       return
-    print(f"waiting for {describe()} (giving up after {timeout_secs:.0f} s)",
-          flush=True)
+    print(f"{said}waiting for {describe()} (giving up after "
+          f"{timeout_secs:.0f} s)", flush=True)
   while not ready():
     now = clock()
     if stop is not None and stop.requested:
@@ -65,8 +67,8 @@ def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
       raise WaitTimeout(
           f"gave up after {timeout_secs:.0f} s waiting for {describe()}")
     if now >= next_note:
-      print(f"still waiting for {describe()} ({now - start:.0f} s so far, "
-            f"giving up after {timeout_secs:.0f} s)", flush=True)
+      print(f"{said}still waiting for {describe()} ({now - start:.0f} s so "
+            f"far, giving up after {timeout_secs:.0f} s)", flush=True)
       next_note = now + note_every_secs
     sleep(poll_secs)
 

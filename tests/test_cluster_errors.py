@@ -71,7 +71,7 @@ _ERRORS = (
      r"task\(s\), so accepted indices are 0-1$"),
     ("task_index_past_ps", cluster.from_flags,
      ("ps0:2222", "w0:2222,w1:2222", "ps", 1), {},
-     r"^--task_index=1: ps index out of range; .* accepted indices are 0-0$"),
+     r"^--task_index=1: ps index out of range; .* so the accepted index is 0$"),
     ("task_index_negative", cluster.from_flags,
      ("ps0:2222", "w0:2222,w1:2222", "worker", -1), {},
      r"^--task_index=-1: worker index out of range; .* accepted indices are 0-1$"),
@@ -197,7 +197,7 @@ _ERRORS = (
      r"^--ps_hosts: 'mnist-ps-0' is not host:port"),
     ("resolve_flags_without_job_name", cluster.resolve,
      ("ps0:2222", "w0:2222", "", None, ""), {},
-     r"^--job_name is missing; a cluster task needs --job_name=ps\|worker and "
+     r"^--job_name is missing; a cluster task needs --job_name=ps\|worker\|evaluator and "
      r"--task_index$"),
     ("resolve_task_index_alone", cluster.resolve,
      ("", "", "", 0, ""), {},
