@@ -24,8 +24,10 @@ flags.DEFINE_integer("num_ps", 1, "PS tasks of the planned cluster.",
                      lower_bound=1)
 flags.DEFINE_enum("format", "text", ["text", "json"],
                   "text: a table for people; json: for programs.")
-# The trainer's --num_workers is about sparse TF_CONFIG; here it sizes the plan.
+# The trainer's --num_workers is about sparse TF_CONFIG; here it sizes the plan,
+# and --help lists it with --num_ps.
 FLAGS["num_workers"].help = "Workers of the planned cluster (default 2)."
+flags.declare_key_flag("num_workers")
 
 # The plan makes up its own cluster; these would describe another one.
 _CLUSTER_FLAGS = ("ps_hosts", "worker_hosts", "job_name", "task_index")

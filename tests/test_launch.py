@@ -108,6 +108,7 @@ class LaunchInputTest(absltest.TestCase):
     for args, says in ((["--helpfull"], "--wait_timeout_secs"),
                        (["--helpshort"], "python -m ps_trainer"),
                        (["plan", "--help"], "--format"),
+                       (["plan", "--help"], "--num_workers: Workers of the planned cluster"),
                        (["bench", "--helpshort"], "--rounds"),
                        (["compare", "-?"], "--out_dir"),
                        # Each command's own help, not launch.sh's usage of every command.
