@@ -341,11 +341,12 @@ def resolve(ps_hosts: str, worker_hosts: str, job_name: str,
     _check_flags_agree(info, ps_hosts, worker_hosts, job_name, task_index)
     return info
   if not has_flags:
-    if num_workers is not None:  # `./launch.sh --num_workers=2`, without `local`.
+    if num_workers is not None:  # `./launch.sh --num_workers=2`: no `local`.
       raise ClusterError(
           f"--num_workers={num_workers}: no cluster to size (no --ps_hosts/"
-          "--worker_hosts, no TF_CONFIG), so this process would train alone; "
-          f"./launch.sh local --num_workers={num_workers} starts a cluster here")
+          "--worker_hosts, no TF_CONFIG), so this process would train "
+          f"alone; ./launch.sh local --num_workers={num_workers} starts a "
+          "cluster here")
     return None
   if not job_name:
     raise ClusterError("--job_name is missing; a cluster task needs "

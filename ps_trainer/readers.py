@@ -85,10 +85,14 @@ def find_mnist_files(data_dir):
     if found:
       paths.append(os.path.join(data_dir, found[0]))
     else:
-      missing.append(f"{name} (looked for {', '.join(mnist_candidates(name))})")
+      missing.append(name)
   if missing:
-    raise DataError(f"--data_dir={data_dir}: missing {'; '.join(missing)}; "
-                    f"{MNIST_NEEDS}")
+    # Each name once: the four spellings of each made a line of 900 characters.
+    _, gzipped, dotted, _ = mnist_candidates(missing[0])
+    raise DataError(
+        f"--data_dir={data_dir}: missing {', '.join(missing)} (looked for "
+        f"each as it is, gzipped ({gzipped}) and with a dot ({dotted}[.gz])); "
+        "--dataset=mnist needs all four MNIST IDX files")
   return paths
 
 
