@@ -256,7 +256,7 @@ def draw(fig: dict, path: str) -> None:
     if fig["target_loss"]:
       ax.axhline(fig["target_loss"], color="gray", linewidth=0.8,
                  linestyle="--", label="target loss")
-    ax.legend()
+    ax.legend(markerscale=6)  # The step panel's 2-point dots, legible.
     ax.grid(alpha=0.3)
   axes[0].set_title("Loss against wall time")
   axes[1].set_title("Loss against global step")
