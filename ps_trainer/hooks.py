@@ -123,8 +123,9 @@ class Throughput:
 
   def steps_per_sec(self) -> Optional[float]:
     """Steady global steps/s; falls back to the whole run if it was too short.
-    None when this process timed no steps: a chief that started itself again
-    as the others finished the run has no speed to report, not a speed of 0."""
+    None when this process timed fewer than two steps (a run of one step, or
+    a chief that started itself again as the others finished the run): it
+    has no speed to report, not a speed of 0."""
     if self._last is None:
       return None
     start, end = self._window()
@@ -280,7 +281,7 @@ def summary_line(result: dict) -> str:
     where = (f"{'sync' if result['sync_replicas'] else 'async'}, "
              f"{result['num_workers']} worker(s), {result['num_ps']} PS")
   if result["steps_per_sec"] is None:
-    speed = "no speed: this process timed no steps"
+    speed = "no speed: this process timed fewer than two steps"
   else:
     speed = (f"{result['steps_per_sec']:.1f} steps/s  "
              f"{result['examples_per_sec']:.0f} examples/s  "

@@ -163,9 +163,9 @@ class FinishedRunTest(absltest.TestCase):
     with self.assertRaises(runs.RunFailed) as failed:
       runs._finish("cluster", log_dir, log_path, 0, 0.0)  # pylint: disable=protected-access
     self.assertEqual(str(failed.exception),
-                     "cluster: its chief timed no steps (it was started again as the run "
-                     f"ended), so the run has no speed; log {log_path}: chief: starting at "
-                     "global step 100 of 100")
+                     "cluster: its chief timed fewer than two steps (a --train_steps too "
+                     "small, or it was started again as the run ended), so the run has no "
+                     f"speed; log {log_path}: chief: starting at global step 100 of 100")
 
 
 def _wait_for_file(path, secs=60):

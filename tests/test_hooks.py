@@ -183,7 +183,8 @@ class ResultHookTest(absltest.TestCase):
     self.assertEqual((result["steps_per_sec"], result["examples_per_sec"],
                       result["wall_secs"]), (None, None, None))
     self.assertEqual(output.getvalue(), "done: step 20  test accuracy 0.7500  test loss 0.2500  "
-                     "no speed: this process timed no steps  (async, 2 worker(s), 1 PS)\n")
+                     "no speed: this process timed fewer than two steps  "
+                     "(async, 2 worker(s), 1 PS)\n")
 
   def test_a_run_stopped_early_writes_no_result(self):
     path = os.path.join(testutil.make_tempdir(self), "result.json")

@@ -137,8 +137,9 @@ def _finish(label: str, log_dir: str, log_path: str, status: int,
   with open(result_path) as f:
     result = json.load(f)
   if result.get("steps_per_sec") is None:
-    raise RunFailed(f"{label}: its chief timed no steps (it was started "
-                    "again as the run ended), so the run has no speed; log "
+    raise RunFailed(f"{label}: its chief timed fewer than two steps (a "
+                    "--train_steps too small, or it was started again as the "
+                    "run ended), so the run has no speed; log "
                     f"{log_path}: {_last_lines(log_path)}")
   return Run(label, log_dir, result, time.monotonic() - started)
 
