@@ -295,6 +295,8 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
               "w") as f:
       json.dump(as_json(split, len(self._traced)), f, indent=1)
     self.written = path
-    self._echo(f"{self._who}: traced {len(self._traced)} steps into {path}; "
-               f"{describe(split)}")
+    short = (f" (not {self._num_steps}: the run ended first)"
+             if len(self._traced) < self._num_steps else "")
+    self._echo(f"{self._who}: traced {len(self._traced)} steps{short} into "
+               f"{path}; {describe(split)}")
     self._traced = []

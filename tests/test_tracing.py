@@ -140,13 +140,17 @@ class TraceHookTest(absltest.TestCase):
     with graph.as_default():
       step = tf.compat.v1.train.get_or_create_global_step()
       train_op = tf.compat.v1.assign_add(step, 1)
+      said = []
       hook = tracing.TraceHook(50, out_dir, "local", "local", skip_steps=0,
-                               echo=lambda line: None)
+                               echo=said.append)
       with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
         for _ in range(4):
           session.run(train_op)
     with open(os.path.join(out_dir, "local.split.json")) as f:
       self.assertEqual(json.load(f)["steps"], 4)
+    # Said, not left for the user to count against --trace_steps.
+    self.assertLen(said, 1)
+    self.assertStartsWith(said[0], "local: traced 4 steps (not 50: the run ended first) into ")
 
 
 if __name__ == "__main__":
