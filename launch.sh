@@ -287,10 +287,12 @@ run_local() {
     msg "chief (worker-0) exited with status $chief_status (log: ${TASK_LOGS[CHIEF]})"
     say_how_to_continue "$chief_status"
   fi
-  if [[ $chief_status == 2 && -n $(running_tasks) ]]; then
-    # It refused its flags or data (a log dir of another model, found once its graph is built): the
-    # run never began, so nothing is worth waiting for.
-    msg "stopping $(running_tasks): the chief refused its flags or data"
+  local rest
+  rest=$(running_tasks)
+  if [[ $chief_status == 2 && -n $rest ]]; then
+    # It ended on bad input (a log dir of another model, found once its graph is built; a bad
+    # record met in training): the others would wait for it or meet the same input, so stop them.
+    msg "stopping $rest: the chief ended on bad input (status 2)"
     stop_tasks "$STOP_GRACE_SECS"
   else
     # Shorter if the chief failed: then nobody may tell the PS tasks to stop.

@@ -1,8 +1,11 @@
 """`python -m ps_trainer`: run one task of a parameter-server job."""
 
-from absl import flags
+# The package first: run by its path (`bazel run //ps_trainer`), not with -m,
+# this file would otherwise import absl before the package sets the program
+# up (as_program.py).
+from ps_trainer import main  # pylint: disable=g-bad-import-order
 
-from ps_trainer import main
+from absl import flags  # pylint: disable=g-bad-import-order
 
 # absl prints the main module's docstring and key flags as --helpshort.
 __doc__ = main.__doc__  # pylint: disable=redefined-builtin

@@ -21,6 +21,7 @@ model that learned nothing scores) and the Bayes accuracy (the best any model
 can score) on the test split.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -97,10 +98,16 @@ class _Task:
 
 def _write_whole(path, ids, dense, labels):
   """Writes one file under a name --data_dir ignores, then renames it: an
-  interrupted run leaves no truncated train* file to fail mid-training."""
+  interrupted run leaves no truncated train* file to fail mid-training, nor
+  the hidden part it had written."""
   partial = os.path.join(os.path.dirname(path),
                          ".partial-" + os.path.basename(path))
-  record_checks.write_examples(partial, ids, dense, labels)
+  try:
+    record_checks.write_examples(partial, ids, dense, labels)
+  except BaseException:  # Ctrl-C too.
+    with contextlib.suppress(OSError):
+      os.remove(partial)
+    raise
   os.replace(partial, path)
 
 

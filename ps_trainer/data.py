@@ -80,6 +80,10 @@ def load(name, data_dir="", data_path=""):
   Raises:
     DataError: unknown name, missing flag, or a missing or bad file.
   """
+  if name == "tfrecord" and data_dir:  # Not data_sets.read's look again.
+    records = record_checks.inspect(data_dir)
+    return DataSet(name, (records.dense_dim,), 2, None, None, None, None,
+                   records=records)
   in_memory = data_sets.read(name, data_dir, data_path)
   if in_memory is not None:
     return in_memory
@@ -90,10 +94,6 @@ def load(name, data_dir="", data_path=""):
   missing = data_files.missing_file_flag(name, data_dir, data_path)
   if missing:
     raise DataError(missing)
-  if name == "tfrecord":
-    records = record_checks.inspect(data_dir)
-    return DataSet(name, (records.dense_dim,), 2, None, None, None, None,
-                   records=records)
   raise DataError(f"--dataset={name}: unknown data set; accepted: "
                   f"{', '.join(DATASETS)}")
 

@@ -3,7 +3,8 @@
 No TensorFlow here: main.py reads these before TensorFlow loads, so a missing
 or bad file answers in a blink, not after the seconds TensorFlow's import takes.
 The data sets that need TensorFlow (synthetic, drawn in-graph, and tfrecord,
-whose records TensorFlow parses) are data.py's.
+whose records TensorFlow parses) are data.py's; a TFRecord set's files are
+looked for here all the same.
 """
 
 import dataclasses

@@ -165,7 +165,7 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
             lambda: new_checkpoint() is not None or done(),
             f"a new checkpoint in {log_dir} (the chief writes them)",
             timeout, poll_secs=poll_secs,
-            note_every_secs=60, stop=stop, who=cfg.task_name)
+            note_every_secs=60, stop=stop)
         checkpoint = new_checkpoint()
         if checkpoint is None:
           continue

@@ -71,7 +71,7 @@ def cluster_restarted(cfg, stop) -> bool:
         f"waiting up to {wait_secs:.0f} s for the PS tasks, in case the whole "
         "cluster was started again", flush=True)
   try:
-    waits.wait_for_addresses(ps, wait_secs, stop=stop, who=cfg.task_name)
+    waits.wait_for_addresses(ps, wait_secs, stop=stop)
     return True
   except waits.WaitTimeout as timeout:
     answered = sorted(set(ps) - set(timeout.missing))

@@ -57,8 +57,7 @@ class Peers:
     if self._info is None:
       return
     waits.wait_for_addresses(self._info.ps_addresses(), self._timeout,
-                             stop=self._stop, note_at_once=True,
-                             who=self._cfg.task_name)
+                             stop=self._stop, note_at_once=True)
     if not self._info.is_chief:
       self._wait_for_chief()
     # After a stop and a restart this replica's done flag is still set.
@@ -75,14 +74,14 @@ class Peers:
                          config=self._session_config) as session:
       waits.wait_until(lambda: session.run(tg.signature_published), what,
                        self._timeout, poll_secs=_CHIEF_POLL_SECS,
-                       stop=self._stop, who=self._cfg.task_name)
+                       stop=self._stop)
       problem = run_signature.mismatch(
           tg.own_signature, session.run(tg.signature).decode())
       if problem:
         raise run_signature.MismatchError(problem)
       waits.wait_until(waits.all_initialized(session, tg.model_not_ready), what,
                        self._timeout, poll_secs=_CHIEF_POLL_SECS,
-                       stop=self._stop, who=self._cfg.task_name)
+                       stop=self._stop)
 
   def stall_reason(self) -> str:
     """What a long step waits for: the peers it needs that do not answer."""

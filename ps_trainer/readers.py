@@ -1,4 +1,5 @@
-"""File readers for data_sets.py: MNIST IDX files and keras-layout .npz.
+"""File readers for data_sets.py: MNIST IDX files and keras-layout .npz, and
+the listing of a TFRecord set's directory (its records are record_checks.py's).
 
 numpy only (no TensorFlow), so files are checked, and bad ones reported, before
 any graph is built. Every bad input raises DataError with a one-line message
@@ -13,9 +14,8 @@ import zlib
 import numpy as np
 
 from ps_trainer import errors
-from ps_trainer import data_files
 from ps_trainer.data_files import MNIST_FILES, MNIST_NEEDS, NPZ_KEYS
-from ps_trainer.data_files import TFRECORD_NEEDS
+from ps_trainer.data_files import TFRECORD_NEEDS, missing_file_flag
 
 
 class DataError(ValueError):
@@ -221,7 +221,7 @@ def list_tfrecord_files(data_dir):
   full paths. Their records are read with TensorFlow (record_checks.py); a
   missing directory or split is named before it loads."""
   if not data_dir:
-    raise DataError(data_files.missing_file_flag("tfrecord", data_dir, ""))
+    raise DataError(missing_file_flag("tfrecord", data_dir, ""))
   if not os.path.isdir(data_dir):
     raise DataError(f"--data_dir={data_dir}: no such directory; "
                     f"{TFRECORD_NEEDS}")

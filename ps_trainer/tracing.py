@@ -295,7 +295,8 @@ class TraceHook(tf.compat.v1.train.SessionRunHook):
               "w") as f:
       json.dump(as_json(split, len(self._traced)), f, indent=1)
     self.written = path
-    short = (f" (not {self._num_steps}: the run ended first)"
+    short = (f" (not {self._num_steps}: the run ended first, and its first "
+             f"{self._skip} steps are never traced)"
              if len(self._traced) < self._num_steps else "")
     self._echo(f"{self._who}: traced {len(self._traced)} steps{short} into "
                f"{path}; {describe(split)}")

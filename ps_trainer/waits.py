@@ -43,13 +43,15 @@ def wait_until(ready: Callable[[], bool], what, timeout_secs: float,
     note_every_secs: pause between "still waiting" lines.
     stop: a StopRequest (stops.py), or None; a requested stop ends the wait.
     note_at_once: print "waiting for" at once if not ready at the first poll.
-    who: the task that waits ("worker 1"), said first on each of those lines.
+    who: the task that waits ("worker 1"), said first on each of those
+      lines; by default the one `stop` is for.
 
   Raises:
     WaitTimeout: `ready()` stayed false for `timeout_secs`.
     Stopped: `stop` was requested.
   """
   describe = what if callable(what) else lambda: what
+  who = who or (stop.who if stop is not None else "")
   said = f"{who}: " if who else ""
   start = clock()
   next_note = start + note_every_secs

@@ -43,18 +43,16 @@ class ClicksTest(absltest.TestCase):
 
     def fail_on_second(path, *args):
       calls.append(path)
-      if len(calls) == 2:
-        raise KeyboardInterrupt  # Ctrl-C in the middle of the second file.
       real_write(path, *args)
+      if len(calls) == 2:
+        raise KeyboardInterrupt  # Ctrl-C as the second file is being written.
 
     with mock.patch.object(record_checks, "write_examples", fail_on_second):
       with self.assertRaises(KeyboardInterrupt):
         clicks.write_click_set(directory, num_train=40, num_test=10,
                                vocab=50, num_shards=2)
-    # The first file is whole; nothing named train* or test* is half written.
-    self.assertEqual(sorted(n for n in os.listdir(directory)
-                            if n.startswith(("train", "test"))),
-                     ["train-00000-of-00002.tfrecord"])
+    # The first file is whole; nothing else is left, not even the hidden part of the second.
+    self.assertEqual(sorted(os.listdir(directory)), ["train-00000-of-00002.tfrecord"])
 
   def test_writes_a_learnable_click_set(self):
     directory = os.path.join(testutil.make_tempdir(self), "clicks")

@@ -33,6 +33,7 @@ _RUN_FLAGS = ("--model=linear", f"--train_steps={TRAIN_STEPS}", "--log_every_ste
 
 class _Stop:
   """A requested stop, as stops.StopRequest reports one."""
+  who = "chief"
   requested = True
   signal_name = "SIGTERM"
 

@@ -89,7 +89,7 @@ class LaunchLocalTest(absltest.TestCase):
     self.assertEqual(proc.wait(timeout=CLUSTER_TIMEOUT_SECS), 2, proc.log_tail(60))
     out = proc.read_log()
     self.assertIn(f"--log_dir={log_dir} holds checkpoints of another model", out)
-    self.assertIn("launch.sh: stopping ps-0 worker-1: the chief refused its flags or data", out)
+    self.assertIn("launch.sh: stopping ps-0 worker-1: the chief ended on bad input (status 2)", out)
     self.assertNotIn("waiting up to", out)
     testutil.assert_no_leftover(marker=log_dir)
 

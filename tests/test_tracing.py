@@ -150,7 +150,8 @@ class TraceHookTest(absltest.TestCase):
       self.assertEqual(json.load(f)["steps"], 4)
     # Said, not left for the user to count against --trace_steps.
     self.assertLen(said, 1)
-    self.assertStartsWith(said[0], "local: traced 4 steps (not 50: the run ended first) into ")
+    self.assertStartsWith(said[0], "local: traced 4 steps (not 50: the run ended first, and "
+                          "its first 0 steps are never traced) into ")
 
 
 if __name__ == "__main__":

@@ -36,14 +36,15 @@ class WaitsTest(absltest.TestCase):
                      "waiting for ps 0 at h:1 (giving up after 60 s)\n")
 
   def test_each_line_of_a_wait_starts_with_the_task_that_waits(self):
-    # Its lines then read like the task's others in a log shared by several tasks.
+    # Its lines then read like the task's others in a log shared by several tasks; the task is
+    # the one its stop request is for.
     polls = iter([False, False, True])
     now = iter([0.0, 11.0])
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
       waits.wait_until(lambda: next(polls), "ps 0 at h:1", timeout_secs=60,
                        note_at_once=True, clock=lambda: next(now),
-                       sleep=lambda secs: None, who="worker 1")
+                       sleep=lambda secs: None, stop=stops.StopRequest("worker 1"))
     self.assertEqual(output.getvalue(),
                      "worker 1: waiting for ps 0 at h:1 (giving up after 60 s)\n"
                      "worker 1: still waiting for ps 0 at h:1 (11 s so far, giving up after "
