@@ -81,7 +81,15 @@ run_tests() {
   bootstrap dev
   cd "$REPO"
   (($#)) || set -- -q
-  exec "$PY" -m pytest "$@"
+  # Two pytest-xdist workers where there are two cores: the multi-process test files run one after
+  # another on one of them (tests/conftest.py), the rest on whichever is free. `-n 0` after
+  # `test` runs everything in this one process (for --pdb); a user-managed Python without
+  # pytest-xdist runs that way too.
+  local workers=()
+  if (($(nproc 2>/dev/null || echo 1) >= 2)) && "$PY" -c 'import xdist' 2>/dev/null; then
+    workers=(-n 2 --dist loadgroup)
+  fi
+  exec "$PY" -m pytest "${workers[@]}" "$@"
 }
 
 # Exit 2 with one line unless $2 is an integer >= 1.
