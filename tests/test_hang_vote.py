@@ -128,15 +128,16 @@ class HangVoteTest(absltest.TestCase):
     # A PS stopped with SIGSTOP, say: the kernel still accepts its connections, and TF would
     # wait for it without a bound.
     silent_ps = socket.socket()
-    self.addCleanup(silent_ps.close)
     silent_ps.bind(("127.0.0.1", 0))
     silent_ps.listen(16)
     (worker_port,) = testutil.pick_free_ports(1)
-    info = cluster.from_flags(f"127.0.0.1:{silent_ps.getsockname()[1]}",
-                              f"127.0.0.1:{worker_port}", "worker", 0)
+    hosts = (f"127.0.0.1:{silent_ps.getsockname()[1]}", f"127.0.0.1:{worker_port}")
+    info = cluster.from_flags(*hosts, "worker", 0)
+    self.addCleanup(silent_ps.close)
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
       runs = ps_runs.PsRuns(server_lib.start_server(info).target, info, timeout_secs=1)
+      self.addCleanup(self.end_the_waiting_run, runs, hosts, silent_ps)
       started = time.monotonic()
       self.assertIsNone(ps_runs.global_step_reader(runs, "/job:ps/task:0")())
       first = time.monotonic() - started
@@ -149,6 +150,15 @@ class HangVoteTest(absltest.TestCase):
     warnings = [line for line in stderr.getvalue().splitlines() if "could not" in line]
     self.assertEqual(warnings, ["ps_trainer: warning: worker 0: could not read the global step "
                                 "on ps 0: no answer within 1 s"])
+
+  def end_the_waiting_run(self, runs: ps_runs.PsRuns, hosts, silent_ps: socket.socket):
+    """The run the test left waiting on the silent PS would wait as long as the process lives,
+    TF logging every 10 s that it waits (which shows between tests on a pytest-xdist worker): a
+    real PS on that port lets it end, with a warning no one needs."""
+    silent_ps.close()
+    with contextlib.redirect_stderr(io.StringIO()):
+      server_lib.start_server(cluster.from_flags(*hosts, "ps", 0), warn_if_exposed=False)
+      runs._running.join(timeout=10)  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":
