@@ -1,0 +1,48 @@
+"""Which test files share the machine when `./launch.sh test` runs the suite on two workers.
+
+`./launch.sh test` runs pytest with two pytest-xdist workers and `--dist loadgroup`, and
+tests/conftest.py hands xdist the scheduler made here. Each test file is a group of its own, run
+whole on one worker (its class fixtures, such as an in-process cluster, are set up once), except
+the files whose py_test in tests/BUILD is tagged "exclusive". Those start several TensorFlow
+processes each, with bounded waits sized for a machine that no other such file shares, so they
+form one group: one worker runs them one after another while the other runs the rest. xdist
+hands out the groups with the most tests first; this one (about 60 tests) is among them, so it
+starts within seconds. Bazel never uses this: its "exclusive" tag keeps the same files alone there.
+"""
+
+import os
+from typing import Set
+
+from build_graph import BuildGraph
+
+MULTI_PROCESS_GROUP = "multi-process test files"
+
+
+def exclusive_test_files(root: str) -> Set[str]:
+  """The paths, relative to root, of the test files whose py_test is tagged exclusive."""
+  graph = BuildGraph(root)
+  return {os.path.join(rule.package, src)
+          for rule in graph.rules.values()
+          if rule.kind == "py_test" and "exclusive" in rule.list_attr("tags")
+          for src in rule.list_attr("srcs")}
+
+
+def group_of(nodeid: str, exclusive: Set[str]) -> str:
+  """The group of a test: its file's path, or MULTI_PROCESS_GROUP for an exclusive file."""
+  path = nodeid.split("::", 1)[0]
+  return MULTI_PROCESS_GROUP if path in exclusive else path
+
+
+def make_scheduler(config, log, root: str):
+  """xdist's file scheduler, with groups of group_of instead of one group per file."""
+  # Imported here: only xdist's controller calls this, and only where pytest-xdist is installed.
+  from xdist.scheduler import LoadFileScheduling  # pylint: disable=import-outside-toplevel
+
+  exclusive = exclusive_test_files(root)
+
+  class FileOrMultiProcessGroup(LoadFileScheduling):
+
+    def _split_scope(self, nodeid: str) -> str:
+      return group_of(nodeid, exclusive)
+
+  return FileOrMultiProcessGroup(config, log)
