@@ -82,7 +82,7 @@ run_tests() {
   cd "$REPO"
   (($#)) || set -- -q
   # Two pytest-xdist workers where there are two cores: the multi-process test files run one after
-  # another on one of them (tests/conftest.py), the rest on whichever is free. `-n 0` after
+  # another on one of them (tests/xdist_groups.py), the rest on whichever is free. `-n 0` after
   # `test` runs everything in this one process (for --pdb); a user-managed Python without
   # pytest-xdist runs that way too.
   local workers=()
