@@ -49,7 +49,8 @@ Usage:
       (default 200,000 training examples over 200,000 ids in 4 files, 4 dense features, seed 0);
       prints its majority-class rate and the best accuracy any model can reach on it.
   ./launch.sh test [pytest args...]
-      Run the test suite (default: all of it, -q) with the dev requirements.
+      Run the test suite (default: all of it, -q) with the dev requirements, on two pytest-xdist
+      workers where there are two cores; in one process with -n 0, -x, --pdb, -s or -p no:xdist.
   ./launch.sh [trainer flags...]
       Run one task, e.g. on one host of a real cluster:
         ./launch.sh --job_name=worker --task_index=0 --ps_hosts=h1:2222 --worker_hosts=h2:2222,h3:2222
@@ -82,12 +83,19 @@ run_tests() {
   cd "$REPO"
   (($#)) || set -- -q
   # Two pytest-xdist workers where there are two cores: the multi-process test files run one after
-  # another on one of them (tests/xdist_groups.py), the rest on whichever is free. `-n 0` after
-  # `test` runs everything in this one process (for --pdb); a user-managed Python without
-  # pytest-xdist runs that way too.
-  local workers=()
-  if (($(nproc 2>/dev/null || echo 1) >= 2)) && "$PY" -c 'import xdist' 2>/dev/null; then
-    workers=(-n 2 --dist loadgroup)
+  # another on one of them (tests/xdist_groups.py), the rest on whichever is free. In one process
+  # when the user's arguments choose the workers or need one process: a stop at the first failure
+  # (a worker would first finish the tests it was handed, minutes of them), a debugger or live
+  # output; and with a user-managed Python without pytest-xdist.
+  local workers=(-n 2 --dist loadgroup) arg
+  for arg in "$@"; do
+    case $arg in
+      -n | -n* | --numprocesses* | --dist* | -pno:xdist | no:xdist | -x | --exitfirst | --maxfail* | \
+        --pdb | --trace | -s | --capture=no) workers=() ;;
+    esac
+  done
+  if ! (($(nproc 2>/dev/null || echo 1) >= 2)) || ! "$PY" -c 'import xdist' 2>/dev/null; then
+    workers=()
   fi
   exec "$PY" -m pytest "${workers[@]}" "$@"
 }

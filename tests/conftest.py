@@ -1,7 +1,8 @@
 """pytest only (Bazel runs each test file as a script): the groups of `./launch.sh test`'s workers.
 
-`./launch.sh test` passes `-n 2 --dist loadgroup`; xdist_groups.py says why and how they are
-grouped. Other `--dist` modes are xdist's own.
+`./launch.sh test` passes `-n 2 --dist loadgroup`; xdist_groups.py says why and how the files are
+grouped. Under loadgroup, xdist_group marks are therefore ignored; other `--dist` modes are
+xdist's own.
 """
 
 import pytest

@@ -128,12 +128,12 @@ class HangVoteTest(absltest.TestCase):
     # A PS stopped with SIGSTOP, say: the kernel still accepts its connections, and TF would
     # wait for it without a bound.
     silent_ps = socket.socket()
+    self.addCleanup(silent_ps.close)
     silent_ps.bind(("127.0.0.1", 0))
     silent_ps.listen(16)
     (worker_port,) = testutil.pick_free_ports(1)
     hosts = (f"127.0.0.1:{silent_ps.getsockname()[1]}", f"127.0.0.1:{worker_port}")
     info = cluster.from_flags(*hosts, "worker", 0)
-    self.addCleanup(silent_ps.close)
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
       runs = ps_runs.PsRuns(server_lib.start_server(info).target, info, timeout_secs=1)
@@ -154,17 +154,17 @@ class HangVoteTest(absltest.TestCase):
   def end_the_waiting_run(self, runs: ps_runs.PsRuns, hosts, silent_ps: socket.socket):
     """The run the test left waiting on the silent PS would wait as long as the process lives,
     TF logging every 10 s that it waits (which shows between tests on a pytest-xdist worker): a
-    real PS on that port lets it end, with a warning no one needs."""
+    real PS on that port lets it end. That server stays until the process ends, as TF's do."""
     silent_ps.close()
     waiting = runs._running  # pylint: disable=protected-access
-    if waiting is None:
-      return  # The test ended before its first run.
-    with contextlib.redirect_stderr(io.StringIO()):
-      try:
-        server_lib.start_server(cluster.from_flags(*hosts, "ps", 0), warn_if_exposed=False)
-      except server_lib.ServerError:
-        return  # Another process took the port in between: the run waits on, harmless.
-      waiting.join(timeout=10)
+    if waiting is None or not waiting.is_alive():
+      return
+    try:
+      server_lib.start_server(cluster.from_flags(*hosts, "ps", 0), warn_if_exposed=False)
+    except server_lib.ServerError:
+      return  # Another process took the port in between: the run waits on, harmless.
+    waiting.join(timeout=10)
+    self.assertFalse(waiting.is_alive(), "the run on the silent PS still waits with a PS there")
 
 
 if __name__ == "__main__":

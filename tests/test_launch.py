@@ -128,6 +128,38 @@ class LaunchInputTest(absltest.TestCase):
     self.assertNotIn("./launch.sh bench", out)
 
 
+class TestCommandTest(absltest.TestCase):
+  """`./launch.sh test`'s pytest command line, from a stand-in Python that prints it."""
+
+  def setUp(self):
+    super().setUp()
+    self.python = os.path.join(testutil.make_tempdir(self), "python")
+    with open(self.python, "w", encoding="utf-8") as f:
+      # `-c 'import xdist'` is launch.sh asking whether pytest-xdist is there.
+      f.write('#!/bin/sh\n[ "$1" = -c ] && exit "${NO_XDIST:-0}"\necho "$@"\n')
+    os.chmod(self.python, 0o755)
+
+  def pytest_args(self, *args, no_xdist=False):
+    code, out = _run([testutil.LAUNCH_SH, "test", *args], env=testutil.trainer_env(
+        {"PS_TRAINER_PYTHON": self.python, "NO_XDIST": "1" if no_xdist else "0"}))
+    self.assertEqual(code, 0, out)
+    return out.split()
+
+  def test_two_workers_where_there_are_two_cores(self):
+    workers = ["-n", "2", "--dist", "loadgroup"] if len(os.sched_getaffinity(0)) >= 2 else []
+    self.assertEqual(self.pytest_args(), ["-m", "pytest", *workers, "-q"])
+    self.assertEqual(self.pytest_args("tests/test_config.py", "-k", "defaults"),
+                     ["-m", "pytest", *workers, "tests/test_config.py", "-k", "defaults"])
+
+  def test_one_process_for_a_first_failure_stop_a_debugger_live_output_or_no_xdist(self):
+    for args in (["-x"], ["--maxfail=3"], ["--pdb"], ["--trace"], ["-s"], ["--capture=no"],
+                 ["-p", "no:xdist"], ["-n", "0"], ["-n4"], ["--dist=load"]):
+      with self.subTest(args=args):
+        self.assertEqual(self.pytest_args(*args, "tests/test_config.py"),
+                         ["-m", "pytest", *args, "tests/test_config.py"])
+    self.assertEqual(self.pytest_args(no_xdist=True), ["-m", "pytest", "-q"])
+
+
 class BootstrapTest(absltest.TestCase):
   """The .venv bootstrap, on a scratch checkout whose requirements install nothing (offline, ~5 s).
 

@@ -10,6 +10,7 @@ import sys
 from absl.testing import absltest
 
 from build_graph import BuildGraph, repo_root
+import testutil
 import xdist_groups
 
 # Test files that start several TensorFlow processes (faults, launch.sh clusters, bench).
@@ -44,16 +45,24 @@ class XdistGroupsTest(absltest.TestCase):
     self.assertEqual(groups, {"tests/test_config.py", "tests/test_flags.py",
                               xdist_groups.MULTI_PROCESS_GROUP})
 
-  def test_two_multi_process_files_run_on_one_worker_and_the_rest_on_the_other(self):
-    """pytest as `./launch.sh test` runs it, on quick tests of two multi-process files and
-    one other file: xdist's scheduler comes from conftest.py, whose groups are the ones above."""
+  def test_two_multi_process_files_run_on_one_worker_and_another_file_on_the_other(self):
+    """pytest on two workers as `./launch.sh test` runs it, on quick tests of two multi-process
+    files and one other file, handed out in that order (--no-loadscope-reorder): xdist's own file
+    groups would send the two multi-process files to the two workers."""
     if importlib.util.find_spec("xdist") is None:
       self.skipTest("pytest-xdist is not installed (`./launch.sh test` installs it)")
+    root = repo_root()
+    # pytest.ini's path settings, made absolute: under Bazel the repo is a runfiles tree without
+    # pytest.ini, where pytest would look for a root of its own.
+    ini = os.path.join(testutil.make_tempdir(self), "pytest.ini")
+    with open(ini, "w", encoding="utf-8") as f:
+      f.write(f"[pytest]\npythonpath = {root} {os.path.join(root, 'tests')}\n")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v",
-         "-p", "no:cacheprovider", "tests/test_tfjob.py::ManifestTest",
-         "tests/test_experiments.py::TrainerArgsTest", "tests/test_config.py"],
-        cwd=repo_root(), capture_output=True, text=True, timeout=120, check=False)
+        [sys.executable, "-m", "pytest", "-c", ini, f"--rootdir={root}", "-n", "2",
+         "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "-p", "no:cacheprovider",
+         "tests/test_tfjob.py::ManifestTest", "tests/test_experiments.py::TrainerArgsTest",
+         "tests/test_config.py"],
+        cwd=root, capture_output=True, text=True, timeout=90, check=False)
     self.assertEqual(run.returncode, 0, run.stdout[-3000:] + run.stderr[-3000:])
     workers = collections.defaultdict(set)
     for worker, path in re.findall(r"^\[(gw\d+)\].* PASSED (tests/[\w.]+)::", run.stdout, re.M):
@@ -64,6 +73,7 @@ class XdistGroupsTest(absltest.TestCase):
     self.assertEqual(workers["tests/test_tfjob.py"], workers["tests/test_experiments.py"])
     self.assertEqual(len(workers["tests/test_config.py"]), 1, workers)
     self.assertNotEqual(workers["tests/test_config.py"], workers["tests/test_tfjob.py"])
+
 
 if __name__ == "__main__":
   absltest.main()

@@ -1,13 +1,17 @@
 """Which test files share the machine when `./launch.sh test` runs the suite on two workers.
 
 `./launch.sh test` runs pytest with two pytest-xdist workers and `--dist loadgroup`, and
-tests/conftest.py hands xdist the scheduler made here. Each test file is a group of its own, run
-whole on one worker (its class fixtures, such as an in-process cluster, are set up once), except
-the files whose py_test in tests/BUILD is tagged "exclusive". Those start several TensorFlow
-processes each, with bounded waits sized for a machine that no other such file shares, so they
-form one group: one worker runs them one after another while the other runs the rest. xdist
-hands out the groups with the most tests first; this one (about 60 tests) is among them, so it
-starts within seconds. Bazel never uses this: its "exclusive" tag keeps the same files alone there.
+tests/conftest.py hands xdist the scheduler made here (in place of loadgroup's own, which groups
+by xdist_group marks; the tests here carry none). Each test file is a group of its own, run whole
+on one worker (its class fixtures, such as an in-process cluster, are set up once), except the
+files whose py_test in tests/BUILD is tagged "exclusive": those start several TensorFlow
+processes each, with bounded waits, so they form one group that one worker runs one after
+another. No two of them run at once; each shares the machine with at most one file of
+single-process tests, which the other worker runs meanwhile (Bazel runs them alone). xdist hands
+out the groups with the most tests first (its default --loadscope-reorder), and this one, about
+60 tests, is the largest, so it starts first and the other worker takes the rest; once it is
+done, both do. The scheduler overrides xdist's `_split_scope`, not a public API: hence the pinned
+pytest-xdist in requirements-dev.txt.
 """
 
 import os
@@ -38,7 +42,9 @@ def make_scheduler(config, log, root: str):
   # Imported here: only xdist's controller calls this, and only where pytest-xdist is installed.
   from xdist.scheduler import LoadFileScheduling  # pylint: disable=import-outside-toplevel
 
-  exclusive = exclusive_test_files(root)
+  # Nodeids are relative to pytest's rootdir, which a -c or --rootdir may set apart from root.
+  exclusive = {os.path.relpath(os.path.join(root, path), str(config.rootpath))
+               for path in exclusive_test_files(root)}
 
   class FileOrMultiProcessGroup(LoadFileScheduling):
 
