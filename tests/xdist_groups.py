@@ -8,9 +8,10 @@ files whose py_test in tests/BUILD is tagged "exclusive": those start several Te
 processes each, with bounded waits, so they form one group that one worker runs one after
 another. No two of them run at once; each shares the machine with at most one file of
 single-process tests, which the other worker runs meanwhile (Bazel runs them alone). xdist hands
-out the groups with the most tests first (its default --loadscope-reorder), and this one, about
-60 tests, is the largest, so it starts first and the other worker takes the rest; once it is
-done, both do. The scheduler overrides xdist's `_split_scope`, not a public API: hence the pinned
+out the groups with the most tests first (its default --loadscope-reorder), two to each worker,
+and this one (about 60 tests, as many as the largest single files) is among the first three, so
+it starts within seconds, after at most one other file; once it is done, both workers take the
+files left. The scheduler overrides xdist's `_split_scope`, not a public API: hence the pinned
 pytest-xdist in requirements-dev.txt.
 """
 
