@@ -90,7 +90,7 @@ run_tests() {
   local workers=(-n 2 --dist loadgroup) arg
   for arg in "$@"; do
     case $arg in
-      -n | -n* | --numprocesses* | --dist* | -pno:xdist | no:xdist | -x | --exitfirst | --maxfail* | \
+      -n* | --numprocesses* | --dist* | -pno:xdist | no:xdist | -x | --exitfirst | --maxfail* | \
         --pdb | --trace | -s | --capture=no) workers=() ;;
     esac
   done

@@ -9,7 +9,7 @@ import sys
 
 from absl.testing import absltest
 
-from build_graph import BuildGraph, repo_root
+from build_graph import repo_root
 import testutil
 import xdist_groups
 
@@ -26,10 +26,7 @@ class XdistGroupsTest(absltest.TestCase):
     self.exclusive = xdist_groups.exclusive_test_files(repo_root())
 
   def test_every_large_test_file_is_in_the_one_multi_process_group(self):
-    large = {os.path.join(rule.package, src)
-             for rule in BuildGraph(repo_root()).rules.values()
-             if rule.kind == "py_test" and rule.attrs.get("size") == "large"
-             for src in rule.list_attr("srcs")}
+    large = xdist_groups.py_test_files(repo_root(), lambda rule: rule.attrs.get("size") == "large")
     self.assertTrue(set(MULTI_PROCESS_FILES) <= large, large)
     for path in large:
       self.assertEqual(xdist_groups.group_of(f"{path}::SomeTest::test_x", self.exclusive),

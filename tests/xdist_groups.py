@@ -16,20 +16,24 @@ pytest-xdist in requirements-dev.txt.
 """
 
 import os
-from typing import Set
+from typing import Callable, Set
 
-from build_graph import BuildGraph
+from build_graph import BuildGraph, Rule
 
 MULTI_PROCESS_GROUP = "multi-process test files"
 
 
+def py_test_files(root: str, keep: Callable[[Rule], bool]) -> Set[str]:
+  """The paths, relative to root, of the test files of the py_test rules that `keep` keeps."""
+  return {os.path.join(rule.package, src)
+          for rule in BuildGraph(root).rules.values()
+          if rule.kind == "py_test" and keep(rule)
+          for src in rule.list_attr("srcs")}
+
+
 def exclusive_test_files(root: str) -> Set[str]:
   """The paths, relative to root, of the test files whose py_test is tagged exclusive."""
-  graph = BuildGraph(root)
-  return {os.path.join(rule.package, src)
-          for rule in graph.rules.values()
-          if rule.kind == "py_test" and "exclusive" in rule.list_attr("tags")
-          for src in rule.list_attr("srcs")}
+  return py_test_files(root, lambda rule: "exclusive" in rule.list_attr("tags"))
 
 
 def group_of(nodeid: str, exclusive: Set[str]) -> str:
