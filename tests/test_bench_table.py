@@ -66,6 +66,28 @@ class BenchTableTest(absltest.TestCase):
     lines = bench.table(self.result({label: each[:1] for label, each in rates.items()}))
     self.assertNotIn("each round:", lines)
 
+  def test_the_bare_step_is_a_floor_without_a_target(self):
+    rates = {"local (1 process)": [626.6, 535.8, 656.3], "1 PS + 1 worker": [267.7, 259.8, 287.7],
+             "plain TF1, 1 PS + 1 worker": [126.0, 133.5, 124.2],
+             "bare step, 1 PS + 1 worker": [290.0, 300.0, 310.0]}
+
+    def row(label):
+      return bench.Row(label, rates[label], [0.0] * 3, [5.0] * 3, None, None)
+    figures = bench.figures([row(label) for label in rates], dict(bench.REFERENCE_WORK))
+    self.assertAlmostEqual(figures["cluster_vs_bare_step"], 267.7 / 300.0)
+    self.assertEqual([round(r, 3) for r in figures["cluster_vs_bare_step_each"]],
+                     [0.923, 0.866, 0.928])
+    bare_run = next(r for r in figures["runs"] if r["label"] == "bare step, 1 PS + 1 worker")
+    self.assertAlmostEqual(bare_run["vs_local"], 300.0 / 626.6)
+    lines = bench.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0)).splitlines()
+    self.assertIn("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
+                  "step with nothing around it)", lines)
+    row = next(line for line in lines if line.startswith("bare step, 1 PS + 1 worker "))
+    self.assertEqual(row.split()[7:11], ["3", "300.0", "(290-310)", "19200"])
+    # Without it (another model), no such line.
+    without = {label: each for label, each in rates.items() if not label.startswith("bare")}
+    self.assertNotIn("1 PS + 1 worker / bare step", bench.table(self.result(without)))
+
   def test_the_targets_are_judged_on_the_reference_work_only(self):
     lines = bench.table(self.result({
         "local (1 process)": [1252.3], "1 PS + 1 worker": [627.4],

@@ -313,7 +313,7 @@ class BenchTest(absltest.TestCase):
     by_label = {run["label"]: run for run in figures["runs"]}
     self.assertEqual(set(by_label), {
         "local (1 process)", "1 PS + 1 worker", "plain TF1, 1 PS + 1 worker",
-        "1 PS + 2 workers, async", "1 PS + 2 workers, sync"})
+        "bare step, 1 PS + 1 worker", "1 PS + 2 workers, async", "1 PS + 2 workers, sync"})
     for run in figures["runs"]:
       self.assertGreater(run["steps_per_sec"], 0, run["label"])
       # Each run's window, the plain pattern's too: the short-window warning needs them.
@@ -321,6 +321,7 @@ class BenchTest(absltest.TestCase):
     self.assertEqual(by_label["local (1 process)"]["vs_local"], 1.0)
     self.assertGreater(figures["cluster_vs_local"], 0)
     self.assertGreater(figures["cluster_vs_plain_tf1"], 0)
+    self.assertGreater(figures["cluster_vs_bare_step"], 0)
     # The reference MLP's variables cross in one packed tensor, its gradients in one more (the
     # two kernels' as factors), to the byte what `./launch.sh plan` says; a local step moves
     # nothing.
@@ -336,9 +337,10 @@ class BenchTest(absltest.TestCase):
                                                   "result.json")), name)
     self.assertTrue(os.path.exists(os.path.join(bench_dir, "cluster-0",
                                                 "traces", "chief.json")))
-    # The plain pattern's one worker stops at --train_steps, and says so.
-    with open(os.path.join(bench_dir, "plain-0", "result.json")) as f:
-      self.assertEqual(json.load(f)["global_step"], 300)
+    # The plain pattern's one worker and the bare step's stop at --train_steps, and say so.
+    for name in ("plain-0", "bare-0"):
+      with open(os.path.join(bench_dir, name, "result.json")) as f:
+        self.assertEqual(json.load(f)["global_step"], 300, name)
 
 
 class CompareTest(absltest.TestCase):

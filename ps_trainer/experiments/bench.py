@@ -3,8 +3,10 @@
 
 Trains the same work several ways on this machine and prints what each
 costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
-1 PS + 1 worker (plain_tf1.py), then 2 workers async and sync. The first
-three run in turns, round after round (A B C A B C ...), so a machine that
+1 PS + 1 worker (plain_tf1.py) and the trainer's bare step there (bare_step.py:
+its step with no input pipeline, hooks or checks around it, the floor TF's
+runtime leaves), then 2 workers async and sync. The first four run in turns,
+round after round (A B C D A B C D ...), so a machine that
 slows down mid-bench slows all of them alike; figures are medians over the
 rounds. Speeds come from each run's result.json (steps/s after the first 10%
 of steps and after the traced ones); the split of a step's time from 10
@@ -30,6 +32,7 @@ from absl import flags
 
 from ps_trainer import flags as trainer_flags
 from ps_trainer import output_dir
+from ps_trainer.experiments import bench_table
 from ps_trainer.experiments import machine
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
@@ -39,18 +42,16 @@ REFERENCE_WORK = {
     "batch_size": "64", "optimizer": "sgd", "learning_rate": "0.01",
     "train_steps": "3000"}
 TRACE_STEPS = 10
-# Targets of the performance issue, on the reference work.
-TARGET_VS_LOCAL = 0.5
-TARGET_VS_PLAIN = 2.0
-
 LOCAL = "local (1 process)"
 CLUSTER = "1 PS + 1 worker"
 PLAIN = "plain TF1, 1 PS + 1 worker"
+BARE = "bare step, 1 PS + 1 worker"
 ASYNC2 = "1 PS + 2 workers, async"
 SYNC2 = "1 PS + 2 workers, sync"
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("rounds", 3, "Rounds of local / cluster / plain TF1 runs "
+flags.DEFINE_integer("rounds", 3, "Rounds of local / cluster / plain TF1 / bare "
+                     "step runs "
                      "taken in turns; figures are their medians.", lower_bound=1)
 flags.DEFINE_boolean("json", False, "Print the figures as JSON instead of a table.")
 flags.DEFINE_string("bench_dir", "", "Where the runs write (default: a new "
@@ -93,8 +94,10 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
              [r.result.get("measured_secs") for r in done],
              split, done[0].result.get("accuracy"))
 
+table = bench_table.table  # The figures as text.
+
 # The run directories run_bench makes in --bench_dir.
-RUN_DIRS = ("local-*", "cluster-*", "plain-*", "async-2", "sync-2")
+RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*", "async-2", "sync-2")
 
 
 def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
@@ -103,7 +106,8 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
   flags_list = [f"--{k}={v}" for k, v in values.items()]
   traced = flags_list + [f"--trace_steps={TRACE_STEPS}"]
   plain_flags = plain_tf1_args(values)
-  done: Dict[str, List[runs.Run]] = {LOCAL: [], CLUSTER: [], PLAIN: []}
+  done: Dict[str, List[runs.Run]] = {LOCAL: [], CLUSTER: [], PLAIN: [],
+                                     BARE: []}
 
   def run(label, fn, *args):
     say(f"bench: {label} ...")
@@ -119,31 +123,16 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
     if plain_flags is not None:
       done[PLAIN].append(run(PLAIN, runs.run_plain_tf1_cluster, plain_flags,
                              os.path.join(bench_dir, f"plain-{i}")))
+      done[BARE].append(run(BARE, runs.run_plain_tf1_cluster, plain_flags,
+                            os.path.join(bench_dir, f"bare-{i}"), "bare_step"))
   done[ASYNC2] = [run(ASYNC2, runs.run_local_cluster, 1, 2, traced,
                       os.path.join(bench_dir, "async-2"))]
   done[SYNC2] = [run(SYNC2, runs.run_local_cluster, 1, 2,
                      traced + ["--sync_replicas"],
                      os.path.join(bench_dir, "sync-2"))]
-  trace_files = {LOCAL: "local.split.json", PLAIN: ""}
+  trace_files = {LOCAL: "local.split.json", PLAIN: "", BARE: ""}
   return [_row(label, results, trace_files.get(label, "chief.split.json"))
           for label, results in done.items() if results]
-
-
-# A speed measured over fewer seconds than this is not a steady rate: at 200
-# steps of the reference work (0.2-0.8 s windows), 2 async workers came out at
-# 0.4x of 1, against 1.1x at 2000 steps. The reference bench's windows are
-# 2-6 s long.
-STEADY_SECS = 1.0
-# Cores other work kept busy in the second before the bench, past which it
-# warns. Not the load average: a minute's average still counts work that has
-# just ended.
-BUSY_CORES = 0.5
-# How far apart (fastest over slowest, less one) the runs of one setup may be
-# before the bench warns. A steady hour here keeps them within 5% (2026-11-26
-# 05:50: 1429-1470 steps/s in local mode); this VM's slow state has spread
-# them by up to 58% in one bench (2026-11-29 09:56: 220-347), and then the
-# verdicts turn on which minute each run fell in.
-SPREAD = 0.25
 
 
 # Flags that leave a step's work as it is, so the targets still apply: how long
@@ -201,6 +190,11 @@ def figures(rows: List[Row], values: Dict[str, str],
     out["cluster_vs_plain_tf1"] = cluster / plain if plain else None
     out["cluster_vs_plain_tf1_each"] = _each_round(by_label[CLUSTER],
                                                    by_label[PLAIN])
+  if BARE in by_label:
+    bare = by_label[BARE].median("steps_per_sec")
+    out["cluster_vs_bare_step"] = cluster / bare if bare else None
+    out["cluster_vs_bare_step_each"] = _each_round(by_label[CLUSTER],
+                                                   by_label[BARE])
   return out
 
 
@@ -212,137 +206,6 @@ def _each_round(row: Row, baseline: Row) -> List[Optional[float]]:
   """
   return [mine / theirs if theirs else None
           for mine, theirs in zip(row.steps_per_sec, baseline.steps_per_sec)]
-
-
-def _speed_lines(result: dict) -> List[str]:
-  header = (f"{'run':<28}{'runs':>5}{'steps/s':>9}  {'(range)':<13}"
-            f"{'examples/s':>10}{'vs local':>10}{'ms/step':>9}")
-  lines = [header, "-" * len(header)]
-  for run in result["runs"]:
-    each = run["steps_per_sec_each"]
-    digits = 0 if min(each) >= 100 else 1 if min(each) >= 10 else 2
-    spread = (f"({min(each):.{digits}f}-{max(each):.{digits}f})"
-              if len(each) > 1 else "")
-    lines.append(
-        f"{run['label']:<28}{len(each):>5}{run['steps_per_sec']:>9.1f}  "
-        f"{spread:<13}{run['examples_per_sec']:>10.0f}"
-        f"{_figure(run['vs_local'], 10)}{_figure(run['ms_per_step'], 9)}")
-  return lines
-
-
-def _figure(value: Optional[float], width: int) -> str:
-  """A figure to two decimals, right-aligned; "-" for one not measured."""
-  return f"{'-' if value is None else format(value, '.2f'):>{width}}"
-
-
-def _split_lines(result: dict) -> List[str]:
-  header = (f"{'traced step (first run), ms':<28}{'step':>7}{'compute':>9}"
-            f"{'input':>7}{'PS':>7}{'transfer':>10}{'other':>7}{'outside':>9}"
-            f"   MB in / out")
-  lines = [header, "-" * len(header)]
-  for run in result["runs"]:
-    split = run["split"]
-    if not split:
-      lines.append(f"{run['label']:<28}{'-':>7}")
-      continue
-    ms = split["ms"]
-    lines.append(
-        f"{run['label']:<28}{split['wall_ms']:>7.2f}"
-        f"{ms['compute']:>9.2f}{ms['input']:>7.2f}{ms['ps']:>7.2f}"
-        f"{ms['transfer']:>10.2f}{ms['other']:>7.2f}"
-        f"{split['outside_ms']:>9.2f}   "
-        f"{split['bytes_to_worker'] / 1e6:.2f} / "
-        f"{split['bytes_to_ps'] / 1e6:.2f}")
-  return lines
-
-
-def _warnings(result: dict) -> List[str]:
-  """What makes these figures less than steady speeds of an idle machine."""
-  out = []
-  busy = result.get("busy_cores_at_start")
-  if busy is not None and busy > BUSY_CORES:
-    out.append(f"warning: the machine was busy when the bench started (other "
-               f"work used {busy:.1f} of its {result.get('cores')} cores): "
-               "it shares the cores, so these figures are low and noisy")
-  windows = [(secs, run["label"]) for run in result["runs"]
-             for secs in run.get("measured_secs_each") or () if secs is not None]
-  short = [w for w in windows if w[0] < STEADY_SECS]
-  if short:
-    secs, label = min(short)
-    out.append(f"warning: {len(short)} of {len(windows)} runs measured their "
-               f"speed over less than {STEADY_SECS:.0f} s (shortest: {label}, "
-               f"{secs:.1f} s): start-up still weighs in such figures; raise "
-               "--train_steps")
-  spreads = []
-  for run in result["runs"]:
-    each = run.get("steps_per_sec_each") or []
-    if len(each) > 1 and min(each) > 0:
-      spreads.append((max(each) / min(each) - 1, run["label"], min(each),
-                      max(each)))
-  widest = max(spreads, default=None)
-  if widest and widest[0] > SPREAD:
-    spread, label, slowest, fastest = widest
-    out.append(f"warning: the runs of one setup differed by up to "
-               f"{spread:.0%} ({label}: {slowest:.1f} to {fastest:.1f} "
-               "steps/s): the machine's speed wandered during the bench, so "
-               "the ratios can move as much from one bench to the next; more "
-               "--rounds steady the medians")
-  return out
-
-
-def table(result: dict) -> str:
-  """The figures as text tables, then the targets and what to trust."""
-  lines = _speed_lines(result) + [""] + _split_lines(result) + [""]
-  changed = result["changed_from_reference"]
-
-  def verdict(target: float, ratio: float, unit: str = "") -> str:
-    # Three decimals: 0.4992 read "0.50 (target >= 0.5: NOT met)".
-    if changed:
-      return f"{ratio:.3f}{unit}"
-    return (f"{ratio:.3f}{unit} (target >= {target}{unit}: "
-            f"{'met' if ratio >= target else 'NOT met'})")
-
-  def rounds(target: float, each: List[Optional[float]], unit: str = "") -> List[str]:
-    ratios = [r for r in each if r is not None]
-    if len(ratios) < 2:
-      return []
-    line = "  each round: " + ", ".join(f"{r:.3f}{unit}" for r in ratios)
-    if not changed:
-      line += (f" (target met in {sum(r >= target for r in ratios)} of "
-               f"{len(ratios)})")
-    return [line]
-
-  lines.append("1 PS + 1 worker / local: "
-               + verdict(TARGET_VS_LOCAL, result["cluster_vs_local"]))
-  lines += rounds(TARGET_VS_LOCAL, result.get("cluster_vs_local_each", []))
-  if "cluster_vs_plain_tf1" in result:
-    lines.append("1 PS + 1 worker / plain TF1: "
-                 + verdict(TARGET_VS_PLAIN, result["cluster_vs_plain_tf1"], "x"))
-    lines += rounds(TARGET_VS_PLAIN,
-                    result.get("cluster_vs_plain_tf1_each", []), "x")
-  else:
-    lines.append("plain TF1 baseline: not run (it trains only --model=mlp "
-                 "--dataset=synthetic --optimizer=sgd)")
-  if changed:
-    lines.append(f"targets (>= {TARGET_VS_LOCAL} of local, >= "
-                 f"{TARGET_VS_PLAIN}x plain TF1): not judged; they are for the "
-                 f"reference work, and this one sets {' '.join(changed)}")
-  if result.get("machine"):
-    lines.append(f"machine: {machine.summary(result['machine'])}")
-  lines += [
-      "steps/s: the median of the runs, taken in turns, and their range; the "
-      "ratios are of medians,",
-      "  and each round's pairs the runs of one turn.",
-      "ms/step: 1000 / steps/s, per global step; 2 async workers each take "
-      "about twice that per step.",
-      "examples/s: every aggregated replica's batch counts.",
-      "traced step: the chief's mean over its traced steps, slower than "
-      "untraced ones; 'step' is its",
-      "  session.run with the other hooks' work around it: its ops (compute, "
-      "input: waiting for the",
-      "  next batch, PS, transfer, other), and 'outside' them, TF's session "
-      "and master and the hooks."]
-  return "\n".join(lines + _warnings(result))
 
 
 def main(argv):
@@ -377,9 +240,9 @@ def main(argv):
   with open(os.path.join(bench_dir, "bench.json"), "w") as f:
     json.dump(result, f, indent=1)
   if FLAGS.json:
-    for line in _warnings(result):  # With the progress lines, on stderr.
+    for line in bench_table.warnings(result):  # With the progress lines, on stderr.
       say(line)
-  print(json.dumps(result, indent=1) if FLAGS.json else table(result))
+  print(json.dumps(result, indent=1) if FLAGS.json else bench_table.table(result))
   return 0
 
 

@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # would already have handed this process to another parent, and its PS would
 # serve forever. Only a starter that names itself covers the interpreter's own
 # start.
-_PARENT_AT_START = os.getppid()
+PARENT_AT_START = os.getppid()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -84,7 +84,7 @@ class _FinalGlobalStep(tf.compat.v1.train.SessionRunHook):
     self.value = int(session.run(self._global_step))
 
 
-def _serve_while_parent_lives(starter: int):
+def serve_while_parent_lives(starter: int, program: str = "plain_tf1"):
   """The pattern's PS calls server.join() and never ends. This one serves as
   long, but also ends once the process that started it (`starter`, its parent)
   is gone: a bench killed with SIGKILL cannot stop it, and it would serve
@@ -92,7 +92,7 @@ def _serve_while_parent_lives(starter: int):
   own threads)."""
   while os.getppid() == starter:
     time.sleep(0.5)
-  print(f"plain_tf1: ps {FLAGS.task_index}: the process that started it "
+  print(f"{program}: ps {FLAGS.task_index}: the process that started it "
         f"(pid {starter}) is gone; ending", flush=True)
   # Exit at once: tearing the server down may block on its threads.
   os._exit(0)  # pylint: disable=protected-access
@@ -108,7 +108,7 @@ def main(unused_argv):
     server = tf.distribute.Server(cluster, job_name=FLAGS.job_name,
                                   task_index=FLAGS.task_index)
     if FLAGS.job_name == "ps":
-      _serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START)
+      serve_while_parent_lives(FLAGS.started_by or PARENT_AT_START)
     target = server.target
     is_chief = FLAGS.task_index == 0
     device_fn = tf.compat.v1.train.replica_device_setter(
@@ -141,7 +141,7 @@ def main(unused_argv):
   if is_chief and FLAGS.log_dir:
     os.makedirs(FLAGS.log_dir, exist_ok=True)
     with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
-      steps_per_sec, measured_secs = _steady_rate(marks)
+      steps_per_sec, measured_secs = steady_rate(marks)
       # measured_secs as the trainer's result.json has it: the bench warns
       # when a window is too short to trust.
       json.dump({"steps_per_sec": steps_per_sec,
@@ -150,7 +150,7 @@ def main(unused_argv):
                  "global_step": final_step.value}, f)
 
 
-def _steady_rate(marks):
+def steady_rate(marks):
   """(global steps/s, seconds measured) after the first 10% of the steps;
   the seconds are None when fewer than two steps ran, as the trainer's are."""
   if len(marks) < 2:

@@ -223,15 +223,18 @@ def free_ports(count: int) -> List[int]:
       s.close()
 
 
-def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str) -> Run:
-  """The plain TF1 pattern (plain_tf1.py) on 1 PS + 1 worker of this machine.
+def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str,
+                          program: str = "plain_tf1") -> Run:
+  """The plain TF1 pattern (plain_tf1.py) on 1 PS + 1 worker of this machine,
+  or with `program="bare_step"` the trainer's bare step (bare_step.py), which
+  takes the same flags.
 
   Its PS does not exit by itself while this process lives: it is stopped once
   the worker is done.
   """
   os.makedirs(log_dir, exist_ok=True)
   ps_port, worker_port = free_ports(2)
-  common = [sys.executable, "-m", "ps_trainer.experiments.plain_tf1",
+  common = [sys.executable, "-m", f"ps_trainer.experiments.{program}",
             f"--ps_hosts=127.0.0.1:{ps_port}",
             f"--worker_hosts=127.0.0.1:{worker_port}", *flags,
             f"--log_dir={log_dir}"]

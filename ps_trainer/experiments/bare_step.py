@@ -1,0 +1,103 @@
+"""The bare step: ps_trainer's own training step with nothing around it.
+
+What TensorFlow's distributed runtime alone lets 1 PS + 1 worker reach on this
+machine, for the bench to set the trainer's speed against. It builds the step
+from the trainer's own parts, on the trainer's cluster settings (cores, threads,
+device filters, placement): the MLP of models.py, the packed reads and packed,
+factored gradients of packing.py, plain SGD on the PS. It leaves out everything
+a real run needs around that step: the input pipeline (one constant batch, drawn
+once), MonitoredSession and its hooks, the NaN check, the run signature and
+done flags, checkpoints. So its step is a floor for the trainer's: what the
+trainer's step costs beyond it is its own (input, hooks, checks); what is left
+below it is TF's runtime and the model.
+
+  python -m ps_trainer.experiments.bare_step --ps_hosts=... --worker_hosts=...
+      --job_name=ps|worker --task_index=0 --log_dir=DIR [--train_steps=...]
+      [--started_by=PID]
+
+It takes plain_tf1.py's flags and PS lifecycle (a yardstick's PS serves until
+its starter stops it or is gone), and worker 0 writes the same result.json.
+"""
+
+import json
+import os
+import time
+from typing import Tuple
+
+# First: it reads who started this process before TensorFlow loads (seconds).
+from ps_trainer.experiments import plain_tf1  # pylint: disable=g-bad-import-order
+from absl import app  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from ps_trainer import cluster as cluster_lib
+from ps_trainer import host_cores
+from ps_trainer import models
+from ps_trainer import packing
+from ps_trainer import placement
+from ps_trainer import server as server_lib
+from ps_trainer import synthetic
+
+FLAGS = plain_tf1.FLAGS
+
+
+def build_step(info: cluster_lib.ClusterInfo, hidden_units, batch_size: int,
+               learning_rate: float) -> Tuple[tf.Operation, tf.Tensor]:
+  """The trainer's step for the reference MLP in the default graph: packed
+  reads from the PS, the model on one constant batch, packed (factored)
+  gradients, the SGD apply and the global step's increment on the PS.
+  Returns the train op and the loss."""
+  features, labels = synthetic.arrays(batch_size, seed=info.task_index)
+  with tf.compat.v1.device(placement.device_function(info)):
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    features, labels = tf.constant(features), tf.constant(labels)
+
+    def logits():
+      return models.build_logits("mlp", features, synthetic.SHAPE,
+                                 synthetic.CLASSES, tuple(hidden_units))
+
+    logits()  # Creates the variables, which the packed reads need.
+    trainable = tf.compat.v1.trainable_variables()
+    reads = packing.PackedReads(trainable, tf.float32, global_step)
+    with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                     custom_getter=reads.variable_getter()):
+      loss, _ = models.loss_and_accuracy(logits(), labels)
+    grads_and_vars = packing.pack_gradients(
+        packing.gradients(loss, trainable, reads), tf.float32, factored=True)
+    with tf.device(global_step.device):
+      optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
+      train_op = optimizer.apply_gradients(grads_and_vars,
+                                           global_step=global_step)
+  return train_op, loss
+
+
+def main(unused_argv):
+  tf.compat.v1.disable_eager_execution()
+  info = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
+                                FLAGS.job_name, FLAGS.task_index)
+  host_cores.pin_task(info)  # Every thread so far; the server's inherit it.
+  server = server_lib.start_server(info, warn_if_exposed=False)
+  if info.is_ps:
+    plain_tf1.serve_while_parent_lives(
+        FLAGS.started_by or plain_tf1.PARENT_AT_START, program="bare_step")
+  train_op, _ = build_step(info, [int(u) for u in FLAGS.hidden_units.split(",")],
+                        FLAGS.batch_size, FLAGS.learning_rate)
+  marks = []  # (time, steps) after each step; one worker, so global steps.
+  with tf.compat.v1.Session(server.target,
+                            config=server_lib.session_config(info)) as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    step = session.make_callable(train_op)
+    for count in range(1, FLAGS.train_steps + 1):
+      step()
+      marks.append((time.monotonic(), count))
+  if FLAGS.log_dir:
+    os.makedirs(FLAGS.log_dir, exist_ok=True)
+    steps_per_sec, measured_secs = plain_tf1.steady_rate(marks)
+    with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
+      json.dump({"steps_per_sec": steps_per_sec,
+                 "examples_per_sec": steps_per_sec * FLAGS.batch_size,
+                 "measured_secs": measured_secs,
+                 "global_step": len(marks)}, f)
+
+
+if __name__ == "__main__":
+  app.run(main)

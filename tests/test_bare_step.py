@@ -1,0 +1,55 @@
+"""The bench's bare step is the trainer's step: the same bytes each way, the
+same placement, and an update that trains (graph-mode, no servers)."""
+
+from absl.testing import absltest
+import numpy as np
+import tensorflow as tf
+
+from ps_trainer import cluster as cluster_lib
+from ps_trainer import packing
+from ps_trainer.experiments import bare_step
+
+tf.compat.v1.disable_eager_execution()
+
+
+def _worker() -> cluster_lib.ClusterInfo:
+  return cluster_lib.from_flags("127.0.0.1:2222", "127.0.0.1:2223", "worker", 0)
+
+
+class BareStepTest(absltest.TestCase):
+
+  def test_it_moves_what_the_trainers_step_moves(self):
+    graph = tf.Graph()
+    with graph.as_default():
+      bare_step.build_step(_worker(), [256, 256], batch_size=64, learning_rate=0.01)
+      (read,) = tf.compat.v1.get_collection(packing.READ_PACKS)
+      (gradients,) = tf.compat.v1.get_collection(packing.GRADIENT_PACKS)
+      variables = tf.compat.v1.global_variables()
+    # The reference MLP's bytes as the bench's trace of the trainer counts them (and `./launch.sh
+    # plan`): its variables and the global step in one tensor, the kernels' gradients as factors.
+    self.assertEqual(read.shape.num_elements() * 4, 1_077_376)
+    self.assertEqual(gradients.shape.num_elements() * 4, 409_664)
+    self.assertEqual({v.device for v in variables}, {"/job:ps/task:0"})
+    self.assertEqual(read.device, "/job:ps/task:0")
+    self.assertEqual(gradients.device, "/job:worker/task:0")
+
+  def test_its_steps_lower_the_loss_on_its_batch(self):
+    # In one process: the same graph with its devices cleared.
+    graph = tf.Graph()
+    with graph.as_default():
+      train_op, loss = bare_step.build_step(_worker(), [32], batch_size=16, learning_rate=0.1)
+      for op in graph.get_operations():
+        op._set_device("")  # pylint: disable=protected-access
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        first = session.run(loss)
+        for _ in range(30):
+          session.run(train_op)
+        last, step = session.run([loss, tf.compat.v1.train.get_global_step()])
+    self.assertLess(last, 0.5 * first)
+    self.assertEqual(step, 30)
+    self.assertTrue(np.isfinite(last))
+
+
+if __name__ == "__main__":
+  absltest.main()
