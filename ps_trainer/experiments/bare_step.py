@@ -17,6 +17,8 @@ below it is TF's runtime and the model.
 
 It takes plain_tf1.py's flags and PS lifecycle (a yardstick's PS serves until
 its starter stops it or is gone), and worker 0 writes the same result.json.
+Its step is the trainer's with the trainer's defaults: float32 on the wire,
+factored gradients, plain SGD; for one worker (it counts its own steps).
 """
 
 import json
