@@ -1,6 +1,9 @@
 """The bench's bare step is the trainer's step: the same bytes each way, the
 same placement, and an update that trains (graph-mode, no servers)."""
 
+import subprocess
+import sys
+
 from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
@@ -49,6 +52,17 @@ class BareStepTest(absltest.TestCase):
     self.assertLess(last, 0.5 * first)
     self.assertEqual(step, 30)
     self.assertTrue(np.isfinite(last))
+
+
+  def test_importing_it_leaves_the_trainers_flags_free(self):
+    # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker
+    # that imported this module and then the trainer's flags failed with DuplicateFlagError.
+    code = ("import ps_trainer.experiments.bare_step\n"
+            "from ps_trainer import flags\n"
+            "flags.define_flags()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
 
 
 if __name__ == "__main__":

@@ -21,13 +21,16 @@ Its step is the trainer's with the trainer's defaults: float32 on the wire,
 factored gradients, plain SGD; for one worker (it counts its own steps).
 """
 
-import json
 import os
-import time
-from typing import Tuple
 
-# First: it reads who started this process before TensorFlow loads (seconds).
-from ps_trainer.experiments import plain_tf1  # pylint: disable=g-bad-import-order
+# Who started this process, read before TensorFlow loads (plain_tf1.py: why).
+_PARENT_AT_START = os.getppid()
+
+import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import json  # pylint: disable=g-import-not-at-top
+import time  # pylint: disable=g-import-not-at-top
+from typing import Tuple  # pylint: disable=g-import-not-at-top
+
 from absl import app  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
@@ -38,8 +41,6 @@ from ps_trainer import packing
 from ps_trainer import placement
 from ps_trainer import server as server_lib
 from ps_trainer import synthetic
-
-FLAGS = plain_tf1.FLAGS
 
 
 def build_step(info: cluster_lib.ClusterInfo, hidden_units, batch_size: int,
@@ -72,15 +73,17 @@ def build_step(info: cluster_lib.ClusterInfo, hidden_units, batch_size: int,
   return train_op, loss
 
 
-def main(unused_argv):
+def main(plain_tf1, unused_argv):
+  """The bare step's task; `plain_tf1` is that module, whose flags it takes."""
+  FLAGS = plain_tf1.FLAGS  # pylint: disable=invalid-name
   tf.compat.v1.disable_eager_execution()
   info = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
                                 FLAGS.job_name, FLAGS.task_index)
   host_cores.pin_task(info)  # Every thread so far; the server's inherit it.
   server = server_lib.start_server(info, warn_if_exposed=False)
   if info.is_ps:
-    plain_tf1.serve_while_parent_lives(
-        FLAGS.started_by or plain_tf1.PARENT_AT_START, program="bare_step")
+    plain_tf1.serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START,
+                                       program="bare_step")
   train_op, _ = build_step(info, [int(u) for u in FLAGS.hidden_units.split(",")],
                         FLAGS.batch_size, FLAGS.learning_rate)
   marks = []  # (time, steps) after each step; one worker, so global steps.
@@ -101,5 +104,13 @@ def main(unused_argv):
                  "global_step": len(marks)}, f)
 
 
+def run():
+  """The program. plain_tf1's flags are defined here, not when build_step is
+  imported: a process that also loads the trainer's flags (a test's) would
+  otherwise define --ps_hosts twice."""
+  from ps_trainer.experiments import plain_tf1  # pylint: disable=g-import-not-at-top
+  app.run(functools.partial(main, plain_tf1))
+
+
 if __name__ == "__main__":
-  app.run(main)
+  run()
