@@ -11,6 +11,7 @@ import tensorflow as tf
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import packing
 from ps_trainer.experiments import bare_step
+import testutil
 
 tf.compat.v1.disable_eager_execution()
 
@@ -60,8 +61,8 @@ class BareStepTest(absltest.TestCase):
     code = ("import ps_trainer.experiments.bare_step\n"
             "from ps_trainer import flags\n"
             "flags.define_flags()\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", code], env=testutil.trainer_env(),
+                          capture_output=True, text=True, timeout=120, check=False)
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
 
 
