@@ -31,8 +31,8 @@ class BareStepTest(absltest.TestCase):
       variables = tf.compat.v1.global_variables()
     # The reference MLP's bytes as the bench's trace of the trainer counts them (and `./launch.sh
     # plan`): its variables and the global step in one tensor, the kernels' gradients as factors.
-    self.assertEqual(read.shape.num_elements() * 4, 1_077_376)
-    self.assertEqual(gradients.shape.num_elements() * 4, 409_664)
+    self.assertEqual(read.shape.num_elements() * read.dtype.size, 1_077_376)
+    self.assertEqual(gradients.shape.num_elements() * gradients.dtype.size, 409_664)
     self.assertEqual({v.device for v in variables}, {"/job:ps/task:0"})
     self.assertEqual(read.device, "/job:ps/task:0")
     self.assertEqual(gradients.device, "/job:worker/task:0")

@@ -79,14 +79,31 @@ class BenchTableTest(absltest.TestCase):
                      [0.923, 0.866, 0.928])
     bare_run = next(r for r in figures["runs"] if r["label"] == "bare step, 1 PS + 1 worker")
     self.assertAlmostEqual(bare_run["vs_local"], 300.0 / 626.6)
-    lines = bench.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0)).splitlines()
-    self.assertIn("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
-                  "step with nothing around it)", lines)
+    lines = bench.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
+                             cluster_vs_bare_step_each=[0.923, 0.866, 0.928])).splitlines()
+    at = lines.index("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
+                     "step with nothing around it)")
+    self.assertEqual(lines[at + 1], "  each round: 0.923, 0.866, 0.928")
     row = next(line for line in lines if line.startswith("bare step, 1 PS + 1 worker "))
     self.assertEqual(row.split()[7:11], ["3", "300.0", "(290-310)", "19200"])
-    # Without it (another model), no such line.
+    # Without it, the table says why: the work changed the trainer's step.
     without = {label: each for label, each in rates.items() if not label.startswith("bare")}
-    self.assertNotIn("1 PS + 1 worker / bare step", bench.table(self.result(without)))
+    lines = bench.table(self.result(without, changed=["--wire_dtype=bfloat16"])).splitlines()
+    self.assertIn("bare step: not run (it builds the trainer's step at the trainer's defaults; "
+                  "this work sets --wire_dtype=bfloat16)", lines)
+    self.assertEmpty([line for line in lines if line.startswith("1 PS + 1 worker / bare")])
+
+  def test_the_bare_step_runs_only_where_its_step_is_the_trainers(self):
+    reference = dict(bench.REFERENCE_WORK)
+    self.assertEqual(bench.bare_step_args(reference), bench.plain_tf1_args(reference))
+    # What it takes through plain_tf1's flags, and what does not change the step.
+    self.assertIsNotNone(bench.bare_step_args(
+        dict(reference, hidden_units="64,64", batch_size="128", learning_rate="0.1",
+             train_steps="500", seed="3")))
+    # What changes the trainer's step but not the bare step's, and another model or optimizer.
+    for changed in (dict(wire_dtype="bfloat16"), dict(factored_gradients="false"),
+                    dict(pin_cpus="false"), dict(model="cnn"), dict(optimizer="adam")):
+      self.assertIsNone(bench.bare_step_args(dict(reference, **changed)), changed)
 
   def test_the_targets_are_judged_on_the_reference_work_only(self):
     lines = bench.table(self.result({

@@ -25,6 +25,7 @@ import os
 
 # Who started this process, read before TensorFlow loads (plain_tf1.py: why).
 _PARENT_AT_START = os.getppid()
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # As plain_tf1's logs.
 
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
 import json  # pylint: disable=g-import-not-at-top
@@ -94,14 +95,15 @@ def main(plain_tf1, unused_argv):
     for count in range(1, FLAGS.train_steps + 1):
       step()
       marks.append((time.monotonic(), count))
-  if FLAGS.log_dir:
+    global_step = int(session.run(tf.compat.v1.train.get_global_step()))
+  if FLAGS.log_dir and info.task_index == 0:
     os.makedirs(FLAGS.log_dir, exist_ok=True)
     steps_per_sec, measured_secs = plain_tf1.steady_rate(marks)
     with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
       json.dump({"steps_per_sec": steps_per_sec,
                  "examples_per_sec": steps_per_sec * FLAGS.batch_size,
                  "measured_secs": measured_secs,
-                 "global_step": len(marks)}, f)
+                 "global_step": global_step}, f)
 
 
 def run():

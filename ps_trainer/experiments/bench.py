@@ -73,6 +73,22 @@ def plain_tf1_args(values: Dict[str, str]) -> Optional[List[str]]:
           ("hidden_units", "batch_size", "learning_rate", "train_steps")]
 
 
+# The trainer flags bare_step.py takes (through plain_tf1's); any other flag
+# that changes the trainer's step (--wire_dtype, --nofactored_gradients,
+# --nopin_cpus...) would leave the bare step another step than the trainer's.
+_BARE_STEP_FLAGS = ("hidden_units", "batch_size", "learning_rate")
+
+
+def bare_step_args(values: Dict[str, str]) -> Optional[List[str]]:
+  """bare_step.py's flags for this work, or None if its step would not be the
+  trainer's: it builds the trainer's step at the trainer's defaults."""
+  args = plain_tf1_args(values)
+  changed = [flag[2:].partition("=")[0] for flag in changed_from_reference(values)]
+  if args is None or any(name not in _BARE_STEP_FLAGS for name in changed):
+    return None
+  return args
+
+
 @dataclasses.dataclass
 class Row:
   label: str
@@ -105,7 +121,7 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
   """Runs everything (see the module doc) and returns one Row per setup."""
   flags_list = [f"--{k}={v}" for k, v in values.items()]
   traced = flags_list + [f"--trace_steps={TRACE_STEPS}"]
-  plain_flags = plain_tf1_args(values)
+  plain_flags, bare_flags = plain_tf1_args(values), bare_step_args(values)
   done: Dict[str, List[runs.Run]] = {LOCAL: [], CLUSTER: [], PLAIN: [],
                                      BARE: []}
 
@@ -123,7 +139,8 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
     if plain_flags is not None:
       done[PLAIN].append(run(PLAIN, runs.run_plain_tf1_cluster, plain_flags,
                              os.path.join(bench_dir, f"plain-{i}")))
-      done[BARE].append(run(BARE, runs.run_plain_tf1_cluster, plain_flags,
+    if bare_flags is not None:
+      done[BARE].append(run(BARE, runs.run_plain_tf1_cluster, bare_flags,
                             os.path.join(bench_dir, f"bare-{i}"), "bare_step"))
   done[ASYNC2] = [run(ASYNC2, runs.run_local_cluster, 1, 2, traced,
                       os.path.join(bench_dir, "async-2"))]

@@ -137,13 +137,20 @@ def table(result: dict) -> str:
   else:
     lines.append("plain TF1 baseline and bare step: not run (they train only "
                  "--model=mlp --dataset=synthetic --optimizer=sgd)")
-  if result.get("cluster_vs_bare_step"):
+  if "cluster_vs_bare_step" in result:
     # No target: what the trainer's input, hooks and checks leave of the
     # floor, where the bare step's own 'vs local' is the most its step
     # reaches on this machine with nothing around it.
+    ratio = result["cluster_vs_bare_step"]
     lines.append("1 PS + 1 worker / bare step: "
-                 f"{result['cluster_vs_bare_step']:.3f} (no target; the bare "
-                 "step is the same step with nothing around it)")
+                 f"{'-' if ratio is None else format(ratio, '.3f')} (no target; "
+                 "the bare step is the same step with nothing around it)")
+    each = [r for r in result.get("cluster_vs_bare_step_each", []) if r is not None]
+    if len(each) > 1:
+      lines.append("  each round: " + ", ".join(f"{r:.3f}" for r in each))
+  elif "cluster_vs_plain_tf1" in result:
+    lines.append("bare step: not run (it builds the trainer's step at the "
+                 f"trainer's defaults; this work sets {' '.join(changed)})")
   if changed:
     lines.append(f"targets (>= {TARGET_VS_LOCAL} of local, >= "
                  f"{TARGET_VS_PLAIN}x plain TF1): not judged; they are for the "
