@@ -54,7 +54,6 @@ class BareStepTest(absltest.TestCase):
     self.assertEqual(step, 30)
     self.assertTrue(np.isfinite(last))
 
-
   def test_importing_it_leaves_the_trainers_flags_free(self):
     # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker
     # that imported this module and then the trainer's flags failed with DuplicateFlagError.

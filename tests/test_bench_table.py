@@ -9,6 +9,7 @@ import threading
 from absl.testing import absltest
 
 from ps_trainer.experiments import bench
+from ps_trainer.experiments import bench_table
 from ps_trainer.experiments import machine
 
 
@@ -35,7 +36,7 @@ class BenchTableTest(absltest.TestCase):
             "cluster_vs_plain_tf1_each": [c / p for c, p in zip(cluster, plain)]}
 
   def test_a_ratio_just_under_a_target_does_not_print_as_the_target(self):
-    lines = bench.table(self.result({
+    lines = bench_table.table(self.result({
         "local (1 process)": [1286.5], "1 PS + 1 worker": [642.2],
         "plain TF1, 1 PS + 1 worker": [321.2]})).splitlines()
     self.assertIn("1 PS + 1 worker / local: 0.499 (target >= 0.5: NOT met)", lines)
@@ -47,7 +48,7 @@ class BenchTableTest(absltest.TestCase):
     # of three met it.
     rates = {"local (1 process)": [329.7, 384.9, 223.0], "1 PS + 1 worker": [157.3, 199.8, 125.1],
              "plain TF1, 1 PS + 1 worker": [89.8, 85.5, 81.3]}
-    lines = bench.table(self.result(rates)).splitlines()
+    lines = bench_table.table(self.result(rates)).splitlines()
     at = lines.index("1 PS + 1 worker / local: 0.477 (target >= 0.5: NOT met)")
     self.assertEqual(lines[at + 1], "  each round: 0.477, 0.519, 0.561 (target met in 2 of 3)")
     at = lines.index("1 PS + 1 worker / plain TF1: 1.840x (target >= 2.0x: NOT met)")
@@ -61,9 +62,9 @@ class BenchTableTest(absltest.TestCase):
     self.assertEqual([round(r, 3) for r in figures["cluster_vs_plain_tf1_each"]],
                      [1.752, 2.337, 1.539])
     # Work other than the reference shows its rounds without a verdict; one round, no line.
-    lines = bench.table(self.result(rates, changed=["--batch_size=128"])).splitlines()
+    lines = bench_table.table(self.result(rates, changed=["--batch_size=128"])).splitlines()
     self.assertIn("  each round: 0.477, 0.519, 0.561", lines)
-    lines = bench.table(self.result({label: each[:1] for label, each in rates.items()}))
+    lines = bench_table.table(self.result({label: each[:1] for label, each in rates.items()}))
     self.assertNotIn("each round:", lines)
 
   def test_the_bare_step_is_a_floor_without_a_target(self):
@@ -79,7 +80,7 @@ class BenchTableTest(absltest.TestCase):
                      [0.923, 0.866, 0.928])
     bare_run = next(r for r in figures["runs"] if r["label"] == "bare step, 1 PS + 1 worker")
     self.assertAlmostEqual(bare_run["vs_local"], 300.0 / 626.6)
-    lines = bench.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
+    lines = bench_table.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
                              cluster_vs_bare_step_each=[0.923, 0.866, 0.928])).splitlines()
     at = lines.index("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
                      "step with nothing around it)")
@@ -88,7 +89,7 @@ class BenchTableTest(absltest.TestCase):
     self.assertEqual(row.split()[7:11], ["3", "300.0", "(290-310)", "19200"])
     # Without it, the table says why: the work changed the trainer's step.
     without = {label: each for label, each in rates.items() if not label.startswith("bare")}
-    lines = bench.table(self.result(without, changed=["--wire_dtype=bfloat16"])).splitlines()
+    lines = bench_table.table(self.result(without, changed=["--wire_dtype=bfloat16"])).splitlines()
     self.assertIn("bare step: not run (it builds the trainer's step at the trainer's defaults; "
                   "this work sets --wire_dtype=bfloat16)", lines)
     self.assertEmpty([line for line in lines if line.startswith("1 PS + 1 worker / bare")])
@@ -106,7 +107,7 @@ class BenchTableTest(absltest.TestCase):
       self.assertIsNone(bench.bare_step_args(dict(reference, **changed)), changed)
 
   def test_the_targets_are_judged_on_the_reference_work_only(self):
-    lines = bench.table(self.result({
+    lines = bench_table.table(self.result({
         "local (1 process)": [1252.3], "1 PS + 1 worker": [627.4],
         "plain TF1, 1 PS + 1 worker": [284.4]},
         changed=["--wire_dtype=bfloat16"])).splitlines()
@@ -132,7 +133,7 @@ class BenchTableTest(absltest.TestCase):
     split = {"total_ms": 1.5, "wall_ms": 2.07, "outside_ms": 0.57,
              "ms": {"compute": 0.8, "input": 0.1, "ps": 0.4, "transfer": 0.15, "other": 0.05},
              "bytes_to_worker": 1_077_376, "bytes_to_ps": 410_000}
-    lines = bench.table(self.result({
+    lines = bench_table.table(self.result({
         "local (1 process)": [1011.0, 1262.0, 1276.0], "1 PS + 1 worker": [569.0, 460.0, 484.0],
         "plain TF1, 1 PS + 1 worker": [243.0, 204.0, 214.0], "1 PS + 2 workers, async": [467.8]},
         split=split)).splitlines()
@@ -147,7 +148,7 @@ class BenchTableTest(absltest.TestCase):
 
   def test_runs_of_one_setup_far_apart_are_named(self):
     # The bench of 2026-11-29 09:56: local mode's runs 58% apart, the cluster's 32%.
-    lines = bench.table(self.result({
+    lines = bench_table.table(self.result({
         "local (1 process)": [219.8, 346.6, 286.7], "1 PS + 1 worker": [205.9, 156.5, 165.7],
         "plain TF1, 1 PS + 1 worker": [89.2, 86.5, 82.5]})).splitlines()
     self.assertEqual([line for line in lines if line.startswith("warning")], [
@@ -159,11 +160,11 @@ class BenchTableTest(absltest.TestCase):
               "1 PS + 1 worker": [701.0, 701.0, 699.0],
               "plain TF1, 1 PS + 1 worker": [338.0, 337.0, 340.0]}
     for rates in (steady, {label: each[:1] for label, each in steady.items()}):
-      lines = bench.table(self.result(rates)).splitlines()
+      lines = bench_table.table(self.result(rates)).splitlines()
       self.assertEmpty([line for line in lines if line.startswith("warning")])
 
   def test_a_busy_machine_and_short_windows_are_named(self):
-    lines = bench.table(self.result({
+    lines = bench_table.table(self.result({
         "local (1 process)": [2659.0, 1822.0], "1 PS + 1 worker": [782.0, 700.0],
         "plain TF1, 1 PS + 1 worker": [300.0, 310.0]}, measured_secs=0.4, busy=1.6)).splitlines()
     self.assertIn("warning: the machine was busy when the bench started (other work used 1.6 "
@@ -221,7 +222,7 @@ class MachineTest(absltest.TestCase):
     self.assertEqual(info["cores"], os.cpu_count())
     self.assertEqual(info["tensorflow"], "2.21.0")  # requirements.txt's pin
     self.assertGreater(info["memory_gib"], 0)
-    lines = bench.table(dict(BenchTableTest.result({
+    lines = bench_table.table(dict(BenchTableTest.result({
         "local (1 process)": [1300.0], "1 PS + 1 worker": [600.0],
         "plain TF1, 1 PS + 1 worker": [280.0]}), machine=info)).splitlines()
     self.assertIn(f"machine: {machine.summary(info)}", lines)

@@ -51,8 +51,8 @@ SYNC2 = "1 PS + 2 workers, sync"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 3, "Rounds of local / cluster / plain TF1 / bare "
-                     "step runs "
-                     "taken in turns; figures are their medians.", lower_bound=1)
+                     "step runs taken in turns; figures are their medians.",
+                     lower_bound=1)
 flags.DEFINE_boolean("json", False, "Print the figures as JSON instead of a table.")
 flags.DEFINE_string("bench_dir", "", "Where the runs write (default: a new "
                     "runs/bench-YYYYmmdd-HHMMSS).")
@@ -109,8 +109,6 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
              [r.result.get("examples_per_sec", 0.0) for r in done],
              [r.result.get("measured_secs") for r in done],
              split, done[0].result.get("accuracy"))
-
-table = bench_table.table  # The figures as text.
 
 # The run directories run_bench makes in --bench_dir.
 RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*", "async-2", "sync-2")

@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # would already have handed this process to another parent, and its PS would
 # serve forever. Only a starter that names itself covers the interpreter's own
 # start.
-PARENT_AT_START = os.getppid()
+_PARENT_AT_START = os.getppid()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
@@ -108,7 +108,7 @@ def main(unused_argv):
     server = tf.distribute.Server(cluster, job_name=FLAGS.job_name,
                                   task_index=FLAGS.task_index)
     if FLAGS.job_name == "ps":
-      serve_while_parent_lives(FLAGS.started_by or PARENT_AT_START)
+      serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START)
     target = server.target
     is_chief = FLAGS.task_index == 0
     device_fn = tf.compat.v1.train.replica_device_setter(
