@@ -37,22 +37,41 @@ class BareStepTest(absltest.TestCase):
     self.assertEqual(read.device, "/job:ps/task:0")
     self.assertEqual(gradients.device, "/job:worker/task:0")
 
-  def test_its_steps_lower_the_loss_on_its_batch(self):
-    # In one process: the same graph with its devices cleared.
+  def _train(self, info, steps=30):
+    """(first loss, last loss, global step) of `steps` bare steps in one process: the cluster's
+    graph runs here with its devices cleared."""
     graph = tf.Graph()
     with graph.as_default():
-      train_op, loss = bare_step.build_step(_worker(), [32], batch_size=16, learning_rate=0.1)
+      train_op, loss = bare_step.build_step(info, [32], batch_size=16, learning_rate=0.1)
       for op in graph.get_operations():
         op._set_device("")  # pylint: disable=protected-access
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
         first = session.run(loss)
-        for _ in range(30):
+        for _ in range(steps):
           session.run(train_op)
         last, step = session.run([loss, tf.compat.v1.train.get_global_step()])
+    return first, last, step
+
+  def test_its_steps_lower_the_loss_on_its_batch(self):
+    first, last, step = self._train(_worker())
     self.assertLess(last, 0.5 * first)
     self.assertEqual(step, 30)
     self.assertTrue(np.isfinite(last))
+
+  def test_its_local_step_is_the_same_training_unpacked(self):
+    # The bench's bare local row: the trainer's local step, nothing packed, nothing placed.
+    graph = tf.Graph()
+    with graph.as_default():
+      bare_step.build_step(None, [256, 256], batch_size=64, learning_rate=0.01)
+      self.assertEmpty(tf.compat.v1.get_collection(packing.READ_PACKS))
+      self.assertEmpty(tf.compat.v1.get_collection(packing.GRADIENT_PACKS))
+      self.assertEqual({op.device for op in graph.get_operations()}, {""})
+      self.assertEqual(sum(v.shape.num_elements() for v in tf.compat.v1.trainable_variables()),
+                       784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10)
+    first, last, step = self._train(None)
+    self.assertLess(last, 0.5 * first)
+    self.assertEqual(step, 30)
 
   def test_importing_it_leaves_the_trainers_flags_free(self):
     # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker

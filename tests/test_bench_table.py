@@ -70,7 +70,8 @@ class BenchTableTest(absltest.TestCase):
   def test_the_bare_step_is_a_floor_without_a_target(self):
     rates = {"local (1 process)": [626.6, 535.8, 656.3], "1 PS + 1 worker": [267.7, 259.8, 287.7],
              "plain TF1, 1 PS + 1 worker": [126.0, 133.5, 124.2],
-             "bare step, 1 PS + 1 worker": [290.0, 300.0, 310.0]}
+             "bare step, 1 PS + 1 worker": [290.0, 300.0, 310.0],
+             "bare step, local (1 process)": [700.0, 600.0, 0.0]}
 
     def row(label):
       return bench.Row(label, rates[label], [0.0] * 3, [5.0] * 3, None, None)
@@ -80,19 +81,32 @@ class BenchTableTest(absltest.TestCase):
                      [0.923, 0.866, 0.928])
     bare_run = next(r for r in figures["runs"] if r["label"] == "bare step, 1 PS + 1 worker")
     self.assertAlmostEqual(bare_run["vs_local"], 300.0 / 626.6)
-    lines = bench_table.table(dict(self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
-                             cluster_vs_bare_step_each=[0.923, 0.866, 0.928])).splitlines()
+    # The first target's ratio for the bare step itself, like for like; a round whose bare local
+    # run had no speed has no ratio.
+    self.assertAlmostEqual(figures["bare_step_vs_bare_local"], 300.0 / 600.0)
+    self.assertEqual([None if r is None else round(r, 3)
+                      for r in figures["bare_step_vs_bare_local_each"]], [0.414, 0.5, None])
+    lines = bench_table.table(dict(
+        self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
+        cluster_vs_bare_step_each=[0.923, 0.866, 0.928], bare_step_vs_bare_local=0.5,
+        bare_step_vs_bare_local_each=[0.414, 0.5, None])).splitlines()
     at = lines.index("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
                      "step with nothing around it)")
     self.assertEqual(lines[at + 1], "  each round: 0.923, 0.866, 0.928")
+    self.assertEqual(lines[at + 2:at + 4], [
+        "bare step, 1 PS + 1 worker / bare step, local: 0.500 (no target; the runtime's price "
+        "for this step, with nothing around it in either mode)",
+        "  each round: 0.414, 0.500, -"])
     row = next(line for line in lines if line.startswith("bare step, 1 PS + 1 worker "))
     self.assertEqual(row.split()[7:11], ["3", "300.0", "(290-310)", "19200"])
-    # Without it, the table says why: the work changed the trainer's step.
+    self.assertTrue([line for line in lines if line.startswith("bare step: the trainer's step")])
+    # Without it, the table says why (the work changed the trainer's step), and its legend goes.
     without = {label: each for label, each in rates.items() if not label.startswith("bare")}
     lines = bench_table.table(self.result(without, changed=["--wire_dtype=bfloat16"])).splitlines()
     self.assertIn("bare step: not run (it builds the trainer's step at the trainer's defaults; "
                   "this work sets --wire_dtype=bfloat16)", lines)
-    self.assertEmpty([line for line in lines if line.startswith("1 PS + 1 worker / bare")])
+    self.assertEmpty([line for line in lines if line.startswith("1 PS + 1 worker / bare")
+                      or line.startswith("bare step: the trainer's step")])
 
   def test_the_bare_step_runs_only_where_its_step_is_the_trainers(self):
     reference = dict(bench.REFERENCE_WORK)

@@ -277,23 +277,29 @@ class StopTest(absltest.TestCase):
     # first line, which no parent read at start can see, still ends it. Here the starter exits
     # as soon as it has forked the PS.
     log_dir = testutil.make_tempdir(self)
-    _, starter = self._start_plain_ps(log_dir, then="exit 0", started_by="--started_by=$$")
-    starter.wait()
-    testutil.assert_no_leftover(marker=log_dir, timeout=60)
-    with open(os.path.join(log_dir, "ps.log")) as f:
-      self.assertRegex(f.read(), rf"plain_tf1: ps 0: the process that started it \(pid "
-                                 rf"{starter.pid}\) is gone; ending")
+    for program in ("plain_tf1", "bare_step"):  # The bench's bare step shares the lifecycle.
+      with self.subTest(program=program):
+        program_dir = os.path.join(log_dir, program)
+        os.makedirs(program_dir)
+        _, starter = self._start_plain_ps(program_dir, then="exit 0",
+                                          started_by="--started_by=$$", program=program)
+        starter.wait()
+        testutil.assert_no_leftover(marker=program_dir, timeout=60)
+        with open(os.path.join(program_dir, "ps.log")) as f:
+          self.assertRegex(f.read(), rf"{program}: ps 0: the process that started it \(pid "
+                                     rf"{starter.pid}\) is gone; ending")
 
-  def _start_plain_ps(self, log_dir, then='exec sleep 600', started_by=""):
-    """The plain pattern's PS, started by a shell that then does `then` (by default, waits as
-    sleep in its place); with `started_by`, the PS gets that flag (the shell's pid is $$). The
-    PS's output goes to <log_dir>/ps.log; whatever names log_dir is killed as the test ends."""
+  def _start_plain_ps(self, log_dir, then='exec sleep 600', started_by="", program="plain_tf1"):
+    """The plain pattern's PS (or the bare step's, whose lifecycle it is), started by a shell
+    that then does `then` (by default, waits as sleep in its place); with `started_by`, the PS
+    gets that flag (the shell's pid is $$). The PS's output goes to <log_dir>/ps.log; whatever
+    names log_dir is killed as the test ends."""
     self.addCleanup(testutil.kill_processes, log_dir)
     ps_port, worker_port = runs.free_ports(2)
     with open(os.path.join(log_dir, "ps.log"), "w") as log:
       starter = subprocess.Popen(
           ["sh", "-c", f'"$@" {started_by} & {then}', "sh", sys.executable, "-m",
-           "ps_trainer.experiments.plain_tf1", f"--ps_hosts=127.0.0.1:{ps_port}",
+           f"ps_trainer.experiments.{program}", f"--ps_hosts=127.0.0.1:{ps_port}",
            f"--worker_hosts=127.0.0.1:{worker_port}", "--job_name=ps", "--task_index=0",
            f"--log_dir={log_dir}"],
           stdout=log, stderr=subprocess.STDOUT, env=testutil.trainer_env(),
@@ -313,7 +319,8 @@ class BenchTest(absltest.TestCase):
     by_label = {run["label"]: run for run in figures["runs"]}
     self.assertEqual(set(by_label), {
         "local (1 process)", "1 PS + 1 worker", "plain TF1, 1 PS + 1 worker",
-        "bare step, 1 PS + 1 worker", "1 PS + 2 workers, async", "1 PS + 2 workers, sync"})
+        "bare step, 1 PS + 1 worker", "bare step, local (1 process)", "1 PS + 2 workers, async",
+        "1 PS + 2 workers, sync"})
     for run in figures["runs"]:
       self.assertGreater(run["steps_per_sec"], 0, run["label"])
       # Each run's window, the plain pattern's too: the short-window warning needs them.
@@ -322,6 +329,7 @@ class BenchTest(absltest.TestCase):
     self.assertGreater(figures["cluster_vs_local"], 0)
     self.assertGreater(figures["cluster_vs_plain_tf1"], 0)
     self.assertGreater(figures["cluster_vs_bare_step"], 0)
+    self.assertGreater(figures["bare_step_vs_bare_local"], 0)
     # The reference MLP's variables cross in one packed tensor, its gradients in one more (the
     # two kernels' as factors), to the byte what `./launch.sh plan` says; a local step moves
     # nothing.
@@ -338,7 +346,7 @@ class BenchTest(absltest.TestCase):
     self.assertTrue(os.path.exists(os.path.join(bench_dir, "cluster-0",
                                                 "traces", "chief.json")))
     # The plain pattern's one worker and the bare step's stop at --train_steps, and say so.
-    for name in ("plain-0", "bare-0"):
+    for name in ("plain-0", "bare-0", "bare-local-0"):
       with open(os.path.join(bench_dir, name, "result.json")) as f:
         self.assertEqual(json.load(f)["global_step"], 300, name)
 

@@ -11,8 +11,12 @@ done flags, checkpoints. So its step is a floor for the trainer's: what the
 trainer's step costs beyond it is its own (input, hooks, checks); what is left
 below it is TF's runtime and the model.
 
-  python -m ps_trainer.experiments.bare_step --ps_hosts=... --worker_hosts=...
-      --job_name=ps|worker --task_index=0 --log_dir=DIR [--train_steps=...]
+Without --job_name it runs the trainer's local step the same way, in one
+process: the bench's like-for-like ratio of the two is what the runtime alone
+costs this step, with nothing around it on either side.
+
+  python -m ps_trainer.experiments.bare_step [--ps_hosts=... --worker_hosts=...
+      --job_name=ps|worker --task_index=0] --log_dir=DIR [--train_steps=...]
       [--started_by=PID]
 
 It takes plain_tf1.py's flags and PS lifecycle (a yardstick's PS serves until
@@ -28,9 +32,8 @@ _PARENT_AT_START = os.getppid()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # As plain_tf1's logs.
 
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
-import json  # pylint: disable=g-import-not-at-top
 import time  # pylint: disable=g-import-not-at-top
-from typing import Tuple  # pylint: disable=g-import-not-at-top
+from typing import Optional, Tuple  # pylint: disable=g-import-not-at-top
 
 from absl import app  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -44,66 +47,73 @@ from ps_trainer import server as server_lib
 from ps_trainer import synthetic
 
 
-def build_step(info: cluster_lib.ClusterInfo, hidden_units, batch_size: int,
-               learning_rate: float) -> Tuple[tf.Operation, tf.Tensor]:
+def build_step(info: Optional[cluster_lib.ClusterInfo], hidden_units,
+               batch_size: int, learning_rate: float
+               ) -> Tuple[tf.Operation, tf.Tensor]:
   """The trainer's step for the reference MLP in the default graph: packed
   reads from the PS, the model on one constant batch, packed (factored)
-  gradients, the SGD apply and the global step's increment on the PS.
+  gradients, the SGD apply and the global step's increment on the PS. With no
+  `info`, its local step: the same model and SGD, every op in this process and
+  nothing packed (train_graph.py packs only for a cluster).
   Returns the train op and the loss."""
-  features, labels = synthetic.arrays(batch_size, seed=info.task_index)
+  features, labels = synthetic.arrays(batch_size,
+                                      seed=info.task_index if info else 0)
+  optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
+  if info is None:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    loss, _ = models.loss_and_accuracy(
+        _logits(tf.constant(features), hidden_units), tf.constant(labels))
+    return optimizer.minimize(loss, global_step=global_step), loss
   with tf.compat.v1.device(placement.device_function(info)):
     global_step = tf.compat.v1.train.get_or_create_global_step()
     features, labels = tf.constant(features), tf.constant(labels)
-
-    def logits():
-      return models.build_logits("mlp", features, synthetic.SHAPE,
-                                 synthetic.CLASSES, tuple(hidden_units))
-
-    logits()  # Creates the variables, which the packed reads need.
+    _logits(features, hidden_units)  # The variables, which the reads need.
     trainable = tf.compat.v1.trainable_variables()
     reads = packing.PackedReads(trainable, tf.float32, global_step)
     with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
                                      custom_getter=reads.variable_getter()):
-      loss, _ = models.loss_and_accuracy(logits(), labels)
+      loss, _ = models.loss_and_accuracy(_logits(features, hidden_units),
+                                         labels)
     grads_and_vars = packing.pack_gradients(
         packing.gradients(loss, trainable, reads), tf.float32, factored=True)
     with tf.device(global_step.device):
-      optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
       train_op = optimizer.apply_gradients(grads_and_vars,
                                            global_step=global_step)
   return train_op, loss
+
+
+def _logits(features: tf.Tensor, hidden_units) -> tf.Tensor:
+  return models.build_logits("mlp", features, synthetic.SHAPE,
+                             synthetic.CLASSES, tuple(hidden_units))
 
 
 def main(plain_tf1, unused_argv):
   """The bare step's task; `plain_tf1` is that module, whose flags it takes."""
   FLAGS = plain_tf1.FLAGS  # pylint: disable=invalid-name
   tf.compat.v1.disable_eager_execution()
-  info = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
-                                FLAGS.job_name, FLAGS.task_index)
-  host_cores.pin_task(info)  # Every thread so far; the server's inherit it.
-  server = server_lib.start_server(info, warn_if_exposed=False)
-  if info.is_ps:
-    plain_tf1.serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START,
-                                       program="bare_step")
+  info, target, config = None, "", None  # Local: TF's own session settings.
+  if FLAGS.job_name:
+    info = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
+                                  FLAGS.job_name, FLAGS.task_index)
+    host_cores.pin_task(info)  # Every thread so far; the server's inherit it.
+    server = server_lib.start_server(info, warn_if_exposed=False)
+    if info.is_ps:
+      plain_tf1.serve_while_parent_lives(FLAGS.started_by or _PARENT_AT_START,
+                                         program="bare_step")
+    target, config = server.target, server_lib.session_config(info)
   train_op, _ = build_step(info, [int(u) for u in FLAGS.hidden_units.split(",")],
                         FLAGS.batch_size, FLAGS.learning_rate)
   marks = []  # (time, steps) after each step; one worker, so global steps.
-  with tf.compat.v1.Session(server.target,
-                            config=server_lib.session_config(info)) as session:
+  with tf.compat.v1.Session(target, config=config) as session:
     session.run(tf.compat.v1.global_variables_initializer())
     step = session.make_callable(train_op)
     for count in range(1, FLAGS.train_steps + 1):
       step()
       marks.append((time.monotonic(), count))
     global_step = int(session.run(tf.compat.v1.train.get_global_step()))
-  if FLAGS.log_dir and info.task_index == 0:
-    os.makedirs(FLAGS.log_dir, exist_ok=True)
-    steps_per_sec, measured_secs = plain_tf1.steady_rate(marks)
-    with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
-      json.dump({"steps_per_sec": steps_per_sec,
-                 "examples_per_sec": steps_per_sec * FLAGS.batch_size,
-                 "measured_secs": measured_secs,
-                 "global_step": global_step}, f)
+  if FLAGS.log_dir and FLAGS.task_index == 0:
+    plain_tf1.write_result(FLAGS.log_dir, marks, FLAGS.batch_size,
+                           global_step=global_step)
 
 
 def run():

@@ -3,10 +3,11 @@
 
 Trains the same work several ways on this machine and prints what each
 costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
-1 PS + 1 worker (plain_tf1.py) and the trainer's bare step there (bare_step.py:
+1 PS + 1 worker (plain_tf1.py), the trainer's bare step there (bare_step.py:
 its step with no input pipeline, hooks or checks around it, the floor TF's
-runtime leaves), then 2 workers async and sync. The first four run in turns,
-round after round (A B C D A B C D ...), so a machine that
+runtime leaves) and its bare local step, then 2 workers async and sync. The
+first five run in turns, round after round (A B C D E A B C D E ...), so a
+machine that
 slows down mid-bench slows all of them alike; figures are medians over the
 rounds. Speeds come from each run's result.json (steps/s after the first 10%
 of steps and after the traced ones); the split of a step's time from 10
@@ -46,12 +47,14 @@ LOCAL = "local (1 process)"
 CLUSTER = "1 PS + 1 worker"
 PLAIN = "plain TF1, 1 PS + 1 worker"
 BARE = "bare step, 1 PS + 1 worker"
+BARE_LOCAL = "bare step, local (1 process)"
 ASYNC2 = "1 PS + 2 workers, async"
 SYNC2 = "1 PS + 2 workers, sync"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("rounds", 3, "Rounds of local / cluster / plain TF1 / bare "
-                     "step runs taken in turns; figures are their medians.",
+                     "step (cluster, local) runs taken in turns; figures are "
+                     "their medians.",
                      lower_bound=1)
 flags.DEFINE_boolean("json", False, "Print the figures as JSON instead of a table.")
 flags.DEFINE_string("bench_dir", "", "Where the runs write (default: a new "
@@ -111,7 +114,8 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
              split, done[0].result.get("accuracy"))
 
 # The run directories run_bench makes in --bench_dir.
-RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*", "async-2", "sync-2")
+RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*", "bare-local-*",
+            "async-2", "sync-2")
 
 
 def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
@@ -121,7 +125,7 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
   traced = flags_list + [f"--trace_steps={TRACE_STEPS}"]
   plain_flags, bare_flags = plain_tf1_args(values), bare_step_args(values)
   done: Dict[str, List[runs.Run]] = {LOCAL: [], CLUSTER: [], PLAIN: [],
-                                     BARE: []}
+                                     BARE: [], BARE_LOCAL: []}
 
   def run(label, fn, *args):
     say(f"bench: {label} ...")
@@ -140,12 +144,15 @@ def run_bench(values: Dict[str, str], rounds: int, bench_dir: str,
     if bare_flags is not None:
       done[BARE].append(run(BARE, runs.run_plain_tf1_cluster, bare_flags,
                             os.path.join(bench_dir, f"bare-{i}"), "bare_step"))
+      done[BARE_LOCAL].append(run(
+          BARE_LOCAL, runs.run_plain_tf1_local, bare_flags,
+          os.path.join(bench_dir, f"bare-local-{i}"), "bare_step"))
   done[ASYNC2] = [run(ASYNC2, runs.run_local_cluster, 1, 2, traced,
                       os.path.join(bench_dir, "async-2"))]
   done[SYNC2] = [run(SYNC2, runs.run_local_cluster, 1, 2,
                      traced + ["--sync_replicas"],
                      os.path.join(bench_dir, "sync-2"))]
-  trace_files = {LOCAL: "local.split.json", PLAIN: "", BARE: ""}
+  trace_files = {LOCAL: "local.split.json", PLAIN: "", BARE: "", BARE_LOCAL: ""}
   return [_row(label, results, trace_files.get(label, "chief.split.json"))
           for label, results in done.items() if results]
 
@@ -210,6 +217,13 @@ def figures(rows: List[Row], values: Dict[str, str],
     out["cluster_vs_bare_step"] = cluster / bare if bare else None
     out["cluster_vs_bare_step_each"] = _each_round(by_label[CLUSTER],
                                                    by_label[BARE])
+  if BARE in by_label and BARE_LOCAL in by_label:
+    # The first target's ratio for the bare step: what TF's runtime costs this
+    # step when nothing runs around it in either mode.
+    bare_local = by_label[BARE_LOCAL].median("steps_per_sec")
+    out["bare_step_vs_bare_local"] = bare / bare_local if bare_local else None
+    out["bare_step_vs_bare_local_each"] = _each_round(by_label[BARE],
+                                                      by_label[BARE_LOCAL])
   return out
 
 

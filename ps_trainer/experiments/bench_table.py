@@ -138,16 +138,18 @@ def table(result: dict) -> str:
     lines.append("plain TF1 baseline and bare step: not run (they train only "
                  "--model=mlp --dataset=synthetic --optimizer=sgd)")
   if "cluster_vs_bare_step" in result:
-    # No target: what the trainer's input, hooks and checks leave of the
-    # floor, where the bare step's own 'vs local' is the most its step
-    # reaches on this machine with nothing around it.
-    ratio = result["cluster_vs_bare_step"]
-    lines.append("1 PS + 1 worker / bare step: "
-                 f"{'-' if ratio is None else format(ratio, '.3f')} (no target; "
-                 "the bare step is the same step with nothing around it)")
-    each = [r for r in result.get("cluster_vs_bare_step_each", []) if r is not None]
-    if len(each) > 1:
-      lines.append("  each round: " + ", ".join(f"{r:.3f}" for r in each))
+    # No targets: what the trainer's input, hooks and checks leave of the
+    # floor, and the first target's ratio for the floor itself.
+    lines += _floor_lines(
+        "1 PS + 1 worker / bare step", result["cluster_vs_bare_step"],
+        "the bare step is the same step with nothing around it",
+        result.get("cluster_vs_bare_step_each", []))
+    if "bare_step_vs_bare_local" in result:
+      lines += _floor_lines(
+          "bare step, 1 PS + 1 worker / bare step, local",
+          result["bare_step_vs_bare_local"],
+          "the runtime's price for this step, with nothing around it in "
+          "either mode", result.get("bare_step_vs_bare_local_each", []))
   elif "cluster_vs_plain_tf1" in result:
     lines.append("bare step: not run (it builds the trainer's step at the "
                  f"trainer's defaults; this work sets {' '.join(changed)})")
@@ -163,10 +165,15 @@ def table(result: dict) -> str:
       "  and each round's pairs the runs of one turn.",
       "ms/step: 1000 / steps/s, per global step; 2 async workers each take "
       "about twice that per step.",
-      "examples/s: every aggregated replica's batch counts.",
-      "bare step: the trainer's step alone (one constant batch, no input "
-      "pipeline, hooks or checks):",
-      "  a floor for 1 PS + 1 worker on this machine (bare_step.py).",
+      "examples/s: every aggregated replica's batch counts."]
+  if "cluster_vs_bare_step" in result:
+    lines += [
+        "bare step: the trainer's step alone (one constant batch, no input "
+        "pipeline, hooks or checks):",
+        "  a floor for 1 PS + 1 worker on this machine (bare_step.py); "
+        "'bare step, local' is its local",
+        "  step (every op in one process, nothing packed) run the same way."]
+  lines += [
       "traced step: the chief's mean over its traced steps, slower than "
       "untraced ones; 'step' is its",
       "  session.run with the other hooks' work around it: its ops (compute, "
@@ -174,3 +181,13 @@ def table(result: dict) -> str:
       "  next batch, PS, transfer, other), and 'outside' them, TF's session "
       "and master and the hooks."]
   return "\n".join(lines + warnings(result))
+
+
+def _floor_lines(name: str, ratio: Optional[float], what: str,
+                 each: List[Optional[float]]) -> List[str]:
+  lines = [f"{name}: {'-' if ratio is None else format(ratio, '.3f')} "
+           f"(no target; {what})"]
+  if len(each) > 1:
+    lines.append("  each round: " + ", ".join(
+        "-" if r is None else f"{r:.3f}" for r in each))
+  return lines

@@ -139,22 +139,30 @@ def main(unused_argv):
       marks.append((time.monotonic(), int(step)))
       batch += 1
   if is_chief and FLAGS.log_dir:
-    os.makedirs(FLAGS.log_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.log_dir, "result.json"), "w") as f:
-      steps_per_sec, measured_secs = steady_rate(marks)
-      # measured_secs as the trainer's result.json has it: the bench warns
-      # when a window is too short to trust.
-      json.dump({"steps_per_sec": steps_per_sec,
-                 "examples_per_sec": steps_per_sec * FLAGS.batch_size,
-                 "measured_secs": measured_secs,
-                 "global_step": final_step.value}, f)
+    write_result(FLAGS.log_dir, marks, FLAGS.batch_size,
+                 global_step=final_step.value)
+
+
+def write_result(log_dir: str, marks, batch_size: int, **more) -> None:
+  """result.json as the trainer's has the bench's fields: the speed after the
+  first 10% of `marks`, (time, global step) pairs; measured_secs, so that the
+  bench warns of a window too short to trust; and `more`."""
+  steps_per_sec, measured_secs = steady_rate(marks)
+  os.makedirs(log_dir, exist_ok=True)
+  with open(os.path.join(log_dir, "result.json"), "w") as f:
+    json.dump(dict(
+        steps_per_sec=steps_per_sec,
+        examples_per_sec=(None if steps_per_sec is None
+                          else steps_per_sec * batch_size),
+        measured_secs=measured_secs, **more), f)
 
 
 def steady_rate(marks):
   """(global steps/s, seconds measured) after the first 10% of the steps;
-  the seconds are None when fewer than two steps ran, as the trainer's are."""
+  both None when fewer than two steps ran, as the trainer's are (the bench
+  then says the run has no speed rather than printing 0)."""
   if len(marks) < 2:
-    return 0.0, None
+    return None, None
   first_step = marks[0][1]
   warm = next((m for m in marks
                if m[1] >= first_step + 0.1 * (marks[-1][1] - first_step)),
@@ -162,7 +170,7 @@ def steady_rate(marks):
   if warm == marks[-1]:
     warm = marks[0]
   seconds = marks[-1][0] - warm[0]
-  rate = (marks[-1][1] - warm[1]) / seconds if seconds > 0 else 0.0
+  rate = (marks[-1][1] - warm[1]) / seconds if seconds > 0 else None
   return rate, seconds
 
 

@@ -182,10 +182,15 @@ def _start(command: List[str], log_path: str) -> subprocess.Popen:
 
 def run_local_process(label: str, flags: List[str], log_dir: str) -> Run:
   """ps_trainer alone in one process (local mode)."""
+  return _run_one_process(label, "ps_trainer", flags, log_dir)
+
+
+def _run_one_process(label: str, module: str, flags: List[str],
+                     log_dir: str) -> Run:
   os.makedirs(log_dir, exist_ok=True)
   log_path = os.path.join(log_dir, "local.log")
   started = time.monotonic()
-  process = _start([sys.executable, "-m", "ps_trainer", *flags,
+  process = _start([sys.executable, "-m", module, *flags,
                     f"--log_dir={log_dir}"], log_path)
   return _finish(label, log_dir, log_path,
                  _wait(process, label, log_path), started)
@@ -221,6 +226,14 @@ def free_ports(count: int) -> List[int]:
   finally:
     for s in sockets:
       s.close()
+
+
+def run_plain_tf1_local(label: str, flags: List[str], log_dir: str,
+                        program: str = "plain_tf1") -> Run:
+  """plain_tf1.py, or with `program="bare_step"` the trainer's bare step, in
+  one process of its own (neither takes a --job_name then)."""
+  return _run_one_process(label, f"ps_trainer.experiments.{program}", flags,
+                          log_dir)
 
 
 def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str,
