@@ -31,8 +31,9 @@ Usage:
       stops every task after the chief's final checkpoint and leaves no task behind.
   ./launch.sh bench [--rounds=N] [--json] [--bench_dir=DIR] [--no_isolate] [trainer flags...]
       Measure what distribution costs: local mode, 1 PS + 1 worker, the plain TF1 pattern and the
-      trainer's bare step (its floor) in turns (N rounds, default 3), then 2 workers async and
-      sync; prints steps/s, examples/s, the ratio to local and where a traced step's time goes.
+      trainer's bare step (its floor) on the cluster and in one process, in turns (N rounds,
+      default 3), then 2 workers async and sync; prints steps/s, examples/s, the ratio to local and
+      where a traced step's time goes.
       Default work: the reference MLP on synthetic data (README: Performance); trainer flags
       replace parts of it.
   ./launch.sh compare --out_dir=DIR [--num_ps=N] [--num_workers=M] [--target_loss=X] [--no_isolate]
