@@ -1,6 +1,8 @@
 """The bench's bare step is the trainer's step: the same bytes each way, the
 same placement, and an update that trains (graph-mode, no servers)."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +13,8 @@ import tensorflow as tf
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import packing
 from ps_trainer.experiments import bare_step
+from ps_trainer.experiments import runs
+from ps_trainer.experiments import yardstick_result
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -38,8 +42,8 @@ class BareStepTest(absltest.TestCase):
     self.assertEqual(gradients.device, "/job:worker/task:0")
 
   def _train(self, info, steps=30):
-    """(first loss, last loss, global step) of `steps` bare steps in one process: the cluster's
-    graph runs here with its devices cleared."""
+    """(first loss, last loss, global step) of `steps` bare steps in one process; a cluster's
+    graph (`info` a task's) runs here with its devices cleared."""
     graph = tf.Graph()
     with graph.as_default():
       train_op, loss = bare_step.build_step(info, [32], batch_size=16, learning_rate=0.1)
@@ -59,7 +63,7 @@ class BareStepTest(absltest.TestCase):
     self.assertEqual(step, 30)
     self.assertTrue(np.isfinite(last))
 
-  def test_its_local_step_is_the_same_training_unpacked(self):
+  def test_its_local_step_trains_the_same_model_unpacked(self):
     # The bench's bare local row: the trainer's local step, nothing packed, nothing placed.
     graph = tf.Graph()
     with graph.as_default():
@@ -72,6 +76,34 @@ class BareStepTest(absltest.TestCase):
     first, last, step = self._train(None)
     self.assertLess(last, 0.5 * first)
     self.assertEqual(step, 30)
+
+  def test_run_alone_it_writes_the_bench_its_speed(self):
+    # The bench's bare local row, as the bench starts it: no --job_name, one process.
+    log_dir = testutil.make_tempdir(self)
+    done = subprocess.run(
+        [sys.executable, "-m", "ps_trainer.experiments.bare_step", "--hidden_units=32",
+         "--batch_size=16", "--train_steps=50", f"--log_dir={log_dir}"],
+        env=testutil.trainer_env(), capture_output=True, text=True, timeout=120, check=False)
+    self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+    with open(os.path.join(log_dir, "result.json")) as f:
+      result = json.load(f)
+    self.assertEqual(result["global_step"], 50)
+    self.assertGreater(result["steps_per_sec"], 0)
+    self.assertAlmostEqual(result["examples_per_sec"], 16 * result["steps_per_sec"])
+    self.assertGreater(result["measured_secs"], 0)
+
+  def test_a_run_of_fewer_than_two_steps_has_no_speed(self):
+    # Not 0 steps/s: the bench refuses such a run, as it does the trainer's, and says why.
+    log_dir = testutil.make_tempdir(self)
+    yardstick_result.write(log_dir, [(10.0, 1)], batch_size=64, global_step=1)
+    with open(os.path.join(log_dir, "result.json")) as f:
+      self.assertEqual(json.load(f), {"steps_per_sec": None, "examples_per_sec": None,
+                                      "measured_secs": None, "global_step": 1})
+    with self.assertRaisesRegex(runs.RunFailed, "timed fewer than two steps"):
+      runs._finish("bare step", log_dir, os.path.join(log_dir, "worker-0.log"), 0,  # pylint: disable=protected-access
+                   started=0.0)
+    # Two steps or more: 9 global steps in the 2 s after the first 10% of them.
+    self.assertEqual(yardstick_result.steady_rate([(0.0, 1), (1.0, 2), (3.0, 11)]), (4.5, 2.0))
 
   def test_importing_it_leaves_the_trainers_flags_free(self):
     # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker

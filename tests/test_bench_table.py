@@ -86,20 +86,29 @@ class BenchTableTest(absltest.TestCase):
     self.assertAlmostEqual(figures["bare_step_vs_bare_local"], 300.0 / 600.0)
     self.assertEqual([None if r is None else round(r, 3)
                       for r in figures["bare_step_vs_bare_local_each"]], [0.414, 0.5, None])
-    lines = bench_table.table(dict(
-        self.result(rates), cluster_vs_bare_step=267.7 / 300.0,
-        cluster_vs_bare_step_each=[0.923, 0.866, 0.928], bare_step_vs_bare_local=0.5,
-        bare_step_vs_bare_local_each=[0.414, 0.5, None])).splitlines()
+    floors = {key: value for key, value in figures.items()
+              if key.startswith(("cluster_vs_bare_step", "bare_step_vs_bare_local"))}
+    lines = bench_table.table(dict(self.result(rates), **floors)).splitlines()
     at = lines.index("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
                      "step with nothing around it)")
     self.assertEqual(lines[at + 1], "  each round: 0.923, 0.866, 0.928")
     self.assertEqual(lines[at + 2:at + 4], [
-        "bare step, 1 PS + 1 worker / bare step, local: 0.500 (no target; the runtime's price "
-        "for this step, with nothing around it in either mode)",
+        "bare step, 1 PS + 1 worker / bare step, local: 0.500 (no target; what 1 PS + 1 worker "
+        "costs this step, with nothing around it in either mode)",
         "  each round: 0.414, 0.500, -"])
     row = next(line for line in lines if line.startswith("bare step, 1 PS + 1 worker "))
     self.assertEqual(row.split()[7:11], ["3", "300.0", "(290-310)", "19200"])
-    self.assertTrue([line for line in lines if line.startswith("bare step: the trainer's step")])
+    legend = [line for line in lines if line.startswith(("bare step: the trainer's step",
+                                                         "bare step, local: its local step"))]
+    self.assertLen(legend, 2)
+    # A bench.json from before the bare local row: no such line, nor its legend.
+    older = {label: each for label, each in rates.items() if label != "bare step, local (1 process)"}
+    lines = bench_table.table(dict(self.result(older), cluster_vs_bare_step=267.7 / 300.0,
+                                   cluster_vs_bare_step_each=[0.923, 0.866, None])).splitlines()
+    at = lines.index("1 PS + 1 worker / bare step: 0.892 (no target; the bare step is the same "
+                     "step with nothing around it)")
+    self.assertEqual(lines[at + 1], "  each round: 0.923, 0.866, -")
+    self.assertEmpty([line for line in lines if "bare step, local" in line])
     # Without it, the table says why (the work changed the trainer's step), and its legend goes.
     without = {label: each for label, each in rates.items() if not label.startswith("bare")}
     lines = bench_table.table(self.result(without, changed=["--wire_dtype=bfloat16"])).splitlines()

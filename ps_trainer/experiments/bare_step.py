@@ -12,8 +12,9 @@ trainer's step costs beyond it is its own (input, hooks, checks); what is left
 below it is TF's runtime and the model.
 
 Without --job_name it runs the trainer's local step the same way, in one
-process: the bench's like-for-like ratio of the two is what the runtime alone
-costs this step, with nothing around it on either side.
+process: the bench's like-for-like ratio of the two is what 1 PS + 1 worker
+costs this step (TF's runtime, and one core per task where local mode's ops
+use both), with nothing around it on either side.
 
   python -m ps_trainer.experiments.bare_step [--ps_hosts=... --worker_hosts=...
       --job_name=ps|worker --task_index=0] --log_dir=DIR [--train_steps=...]
@@ -45,6 +46,7 @@ from ps_trainer import packing
 from ps_trainer import placement
 from ps_trainer import server as server_lib
 from ps_trainer import synthetic
+from ps_trainer.experiments import yardstick_result
 
 
 def build_step(info: Optional[cluster_lib.ClusterInfo], hidden_units,
@@ -58,6 +60,8 @@ def build_step(info: Optional[cluster_lib.ClusterInfo], hidden_units,
   Returns the train op and the loss."""
   features, labels = synthetic.arrays(batch_size,
                                       seed=info.task_index if info else 0)
+  # Its learning rate is made in apply_gradients, so in the cluster it lands
+  # on the PS with the apply, as the trainer's does (train_graph._update).
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(learning_rate)
   if info is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
@@ -91,7 +95,9 @@ def main(plain_tf1, unused_argv):
   """The bare step's task; `plain_tf1` is that module, whose flags it takes."""
   FLAGS = plain_tf1.FLAGS  # pylint: disable=invalid-name
   tf.compat.v1.disable_eager_execution()
-  info, target, config = None, "", None  # Local: TF's own session settings.
+  # Local as the trainer's local mode is: no pinning and TF's own session
+  # settings (main.py pins only a cluster's tasks; trainer.py's config is None).
+  info, target, config = None, "", None
   if FLAGS.job_name:
     info = cluster_lib.from_flags(FLAGS.ps_hosts, FLAGS.worker_hosts,
                                   FLAGS.job_name, FLAGS.task_index)
@@ -112,7 +118,7 @@ def main(plain_tf1, unused_argv):
       marks.append((time.monotonic(), count))
     global_step = int(session.run(tf.compat.v1.train.get_global_step()))
   if FLAGS.log_dir and FLAGS.task_index == 0:
-    plain_tf1.write_result(FLAGS.log_dir, marks, FLAGS.batch_size,
+    yardstick_result.write(FLAGS.log_dir, marks, FLAGS.batch_size,
                            global_step=global_step)
 
 

@@ -5,11 +5,10 @@ Trains the same work several ways on this machine and prints what each
 costs: local mode (one process), 1 PS + 1 worker, the plain TF1 pattern on
 1 PS + 1 worker (plain_tf1.py), the trainer's bare step there (bare_step.py:
 its step with no input pipeline, hooks or checks around it, the floor TF's
-runtime leaves) and its bare local step, then 2 workers async and sync. The
-first five run in turns, round after round (A B C D E A B C D E ...), so a
-machine that
-slows down mid-bench slows all of them alike; figures are medians over the
-rounds. Speeds come from each run's result.json (steps/s after the first 10%
+runtime leaves) and the same bare step in one process, then 2 workers async
+and sync. The first five run in turns, round after round (A B C D E A B C D E
+...), so a machine that slows down mid-bench slows all of them alike; figures
+are medians over the rounds. Speeds come from each run's result.json (steps/s after the first 10%
 of steps and after the traced ones); the split of a step's time from 10
 traced steps of each run (tracing.py), which the speeds leave out.
 
@@ -114,7 +113,7 @@ def _row(label: str, done: List[runs.Run], trace_file: str) -> Row:
              split, done[0].result.get("accuracy"))
 
 # The run directories run_bench makes in --bench_dir.
-RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*", "bare-local-*",
+RUN_DIRS = ("local-*", "cluster-*", "plain-*", "bare-*",  # bare-local-* too
             "async-2", "sync-2")
 
 
@@ -217,13 +216,13 @@ def figures(rows: List[Row], values: Dict[str, str],
     out["cluster_vs_bare_step"] = cluster / bare if bare else None
     out["cluster_vs_bare_step_each"] = _each_round(by_label[CLUSTER],
                                                    by_label[BARE])
-  if BARE in by_label and BARE_LOCAL in by_label:
-    # The first target's ratio for the bare step: what TF's runtime costs this
-    # step when nothing runs around it in either mode.
-    bare_local = by_label[BARE_LOCAL].median("steps_per_sec")
-    out["bare_step_vs_bare_local"] = bare / bare_local if bare_local else None
-    out["bare_step_vs_bare_local_each"] = _each_round(by_label[BARE],
-                                                      by_label[BARE_LOCAL])
+    if BARE_LOCAL in by_label:
+      # The first target's ratio for the bare step: what 1 PS + 1 worker costs
+      # this step when nothing runs around it in either mode.
+      bare_local = by_label[BARE_LOCAL].median("steps_per_sec")
+      out["bare_step_vs_bare_local"] = bare / bare_local if bare_local else None
+      out["bare_step_vs_bare_local_each"] = _each_round(by_label[BARE],
+                                                        by_label[BARE_LOCAL])
   return out
 
 

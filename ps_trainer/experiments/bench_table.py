@@ -117,10 +117,10 @@ def table(result: dict) -> str:
             f"{'met' if ratio >= target else 'NOT met'})")
 
   def rounds(target: float, each: List[Optional[float]], unit: str = "") -> List[str]:
-    ratios = [r for r in each if r is not None]
-    if len(ratios) < 2:
+    if len(each) < 2:
       return []
-    line = "  each round: " + ", ".join(f"{r:.3f}{unit}" for r in ratios)
+    ratios = [r for r in each if r is not None]
+    line = "  each round: " + _each_round(each, unit)
     if not changed:
       line += (f" (target met in {sum(r >= target for r in ratios)} of "
                f"{len(ratios)})")
@@ -148,7 +148,7 @@ def table(result: dict) -> str:
       lines += _floor_lines(
           "bare step, 1 PS + 1 worker / bare step, local",
           result["bare_step_vs_bare_local"],
-          "the runtime's price for this step, with nothing around it in "
+          "what 1 PS + 1 worker costs this step, with nothing around it in "
           "either mode", result.get("bare_step_vs_bare_local_each", []))
   elif "cluster_vs_plain_tf1" in result:
     lines.append("bare step: not run (it builds the trainer's step at the "
@@ -170,9 +170,11 @@ def table(result: dict) -> str:
     lines += [
         "bare step: the trainer's step alone (one constant batch, no input "
         "pipeline, hooks or checks):",
-        "  a floor for 1 PS + 1 worker on this machine (bare_step.py); "
-        "'bare step, local' is its local",
-        "  step (every op in one process, nothing packed) run the same way."]
+        "  a floor for 1 PS + 1 worker on this machine (bare_step.py)."]
+  if "bare_step_vs_bare_local" in result:
+    lines += [
+        "bare step, local: its local step (every op in one process, nothing "
+        "packed), run the same way."]
   lines += [
       "traced step: the chief's mean over its traced steps, slower than "
       "untraced ones; 'step' is its",
@@ -185,9 +187,15 @@ def table(result: dict) -> str:
 
 def _floor_lines(name: str, ratio: Optional[float], what: str,
                  each: List[Optional[float]]) -> List[str]:
+  """A ratio the bench does not judge, and its rounds'."""
   lines = [f"{name}: {'-' if ratio is None else format(ratio, '.3f')} "
            f"(no target; {what})"]
   if len(each) > 1:
-    lines.append("  each round: " + ", ".join(
-        "-" if r is None else f"{r:.3f}" for r in each))
+    lines.append("  each round: " + _each_round(each))
   return lines
+
+
+def _each_round(each: List[Optional[float]], unit: str = "") -> str:
+  """Each round's ratio in its place; "-" for a round whose run had no speed,
+  so that the n-th figure is always the n-th round's."""
+  return ", ".join("-" if r is None else f"{r:.3f}{unit}" for r in each)

@@ -17,7 +17,6 @@ Worker 0 writes <log_dir>/result.json with `steps_per_sec`, measured after the
 first 10% of steps as ps_trainer measures it.
 """
 
-import json
 import os
 import time
 
@@ -34,6 +33,7 @@ from absl import flags
 import tensorflow as tf
 
 from ps_trainer import synthetic
+from ps_trainer.experiments import yardstick_result
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the PS tasks.")
@@ -139,39 +139,8 @@ def main(unused_argv):
       marks.append((time.monotonic(), int(step)))
       batch += 1
   if is_chief and FLAGS.log_dir:
-    write_result(FLAGS.log_dir, marks, FLAGS.batch_size,
-                 global_step=final_step.value)
-
-
-def write_result(log_dir: str, marks, batch_size: int, **more) -> None:
-  """result.json as the trainer's has the bench's fields: the speed after the
-  first 10% of `marks`, (time, global step) pairs; measured_secs, so that the
-  bench warns of a window too short to trust; and `more`."""
-  steps_per_sec, measured_secs = steady_rate(marks)
-  os.makedirs(log_dir, exist_ok=True)
-  with open(os.path.join(log_dir, "result.json"), "w") as f:
-    json.dump(dict(
-        steps_per_sec=steps_per_sec,
-        examples_per_sec=(None if steps_per_sec is None
-                          else steps_per_sec * batch_size),
-        measured_secs=measured_secs, **more), f)
-
-
-def steady_rate(marks):
-  """(global steps/s, seconds measured) after the first 10% of the steps;
-  both None when fewer than two steps ran, as the trainer's are (the bench
-  then says the run has no speed rather than printing 0)."""
-  if len(marks) < 2:
-    return None, None
-  first_step = marks[0][1]
-  warm = next((m for m in marks
-               if m[1] >= first_step + 0.1 * (marks[-1][1] - first_step)),
-              marks[0])
-  if warm == marks[-1]:
-    warm = marks[0]
-  seconds = marks[-1][0] - warm[0]
-  rate = (marks[-1][1] - warm[1]) / seconds if seconds > 0 else None
-  return rate, seconds
+    yardstick_result.write(FLAGS.log_dir, marks, FLAGS.batch_size,
+                           global_step=final_step.value)
 
 
 if __name__ == "__main__":

@@ -229,9 +229,9 @@ def free_ports(count: int) -> List[int]:
 
 
 def run_plain_tf1_local(label: str, flags: List[str], log_dir: str,
-                        program: str = "plain_tf1") -> Run:
-  """plain_tf1.py, or with `program="bare_step"` the trainer's bare step, in
-  one process of its own (neither takes a --job_name then)."""
+                        program: str) -> Run:
+  """A program of run_plain_tf1_cluster's (plain_tf1 or bare_step) in one
+  process of its own: without --job_name, each trains alone."""
   return _run_one_process(label, f"ps_trainer.experiments.{program}", flags,
                           log_dir)
 
