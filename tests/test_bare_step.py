@@ -87,7 +87,7 @@ class BareStepTest(absltest.TestCase):
     self.assertEqual(done.returncode, 0, done.stderr[-2000:])
     with open(os.path.join(log_dir, "result.json")) as f:
       result = json.load(f)
-    self.assertEqual(result["global_step"], 50)
+    self.assertEqual((result["program"], result["global_step"]), ("bare_step", 50))
     self.assertGreater(result["steps_per_sec"], 0)
     self.assertAlmostEqual(result["examples_per_sec"], 16 * result["steps_per_sec"])
     self.assertGreater(result["measured_secs"], 0)
@@ -95,10 +95,11 @@ class BareStepTest(absltest.TestCase):
   def test_a_run_of_fewer_than_two_steps_has_no_speed(self):
     # Not 0 steps/s: the bench refuses such a run, as it does the trainer's, and says why.
     log_dir = testutil.make_tempdir(self)
-    yardstick_result.write(log_dir, [(10.0, 1)], batch_size=64, global_step=1)
+    yardstick_result.write(log_dir, "bare_step", [(10.0, 1)], batch_size=64, global_step=1)
     with open(os.path.join(log_dir, "result.json")) as f:
-      self.assertEqual(json.load(f), {"steps_per_sec": None, "examples_per_sec": None,
-                                      "measured_secs": None, "global_step": 1})
+      self.assertEqual(json.load(f), {"program": "bare_step", "steps_per_sec": None,
+                                      "examples_per_sec": None, "measured_secs": None,
+                                      "global_step": 1})
     with self.assertRaisesRegex(runs.RunFailed, "timed fewer than two steps"):
       runs._finish("bare step", log_dir, os.path.join(log_dir, "worker-0.log"), 0,  # pylint: disable=protected-access
                    started=0.0)

@@ -345,10 +345,13 @@ class BenchTest(absltest.TestCase):
                                                   "result.json")), name)
     self.assertTrue(os.path.exists(os.path.join(bench_dir, "cluster-0",
                                                 "traces", "chief.json")))
-    # The plain pattern's one worker and the bare step's stop at --train_steps, and say so.
-    for name in ("plain-0", "bare-0", "bare-local-0"):
+    # The plain pattern's one worker and the bare step's stop at --train_steps, and say so; each
+    # directory holds the program its row names.
+    for name, program in (("plain-0", "plain_tf1"), ("bare-0", "bare_step"),
+                          ("bare-local-0", "bare_step")):
       with open(os.path.join(bench_dir, name, "result.json")) as f:
-        self.assertEqual(json.load(f)["global_step"], 300, name)
+        result = json.load(f)
+      self.assertEqual((result["program"], result["global_step"]), (program, 300), name)
 
 
 class CompareTest(absltest.TestCase):

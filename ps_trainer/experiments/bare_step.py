@@ -118,7 +118,7 @@ def main(plain_tf1, unused_argv):
       marks.append((time.monotonic(), count))
     global_step = int(session.run(tf.compat.v1.train.get_global_step()))
   if FLAGS.log_dir and FLAGS.task_index == 0:
-    yardstick_result.write(FLAGS.log_dir, marks, FLAGS.batch_size,
+    yardstick_result.write(FLAGS.log_dir, "bare_step", marks, FLAGS.batch_size,
                            global_step=global_step)
 
 

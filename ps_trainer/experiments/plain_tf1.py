@@ -139,7 +139,7 @@ def main(unused_argv):
       marks.append((time.monotonic(), int(step)))
       batch += 1
   if is_chief and FLAGS.log_dir:
-    yardstick_result.write(FLAGS.log_dir, marks, FLAGS.batch_size,
+    yardstick_result.write(FLAGS.log_dir, "plain_tf1", marks, FLAGS.batch_size,
                            global_step=final_step.value)
 
 

@@ -7,15 +7,16 @@ import json
 import os
 
 
-def write(log_dir: str, marks, batch_size: int, **more) -> None:
-  """<log_dir>/result.json: the speed over `marks`, (time, global step) pairs
-  taken after each step; measured_secs, so that the bench warns of a window too
-  short to trust; and `more`."""
+def write(log_dir: str, program: str, marks, batch_size: int, **more) -> None:
+  """<log_dir>/result.json: which program ran (the bench's run directories
+  then say what each holds); the speed over `marks`, (time, global step) pairs
+  taken after each step; measured_secs, so that the bench warns of a window
+  too short to trust; and `more`."""
   steps_per_sec, measured_secs = steady_rate(marks)
   os.makedirs(log_dir, exist_ok=True)
   with open(os.path.join(log_dir, "result.json"), "w") as f:
     json.dump(dict(
-        steps_per_sec=steps_per_sec,
+        program=program, steps_per_sec=steps_per_sec,
         examples_per_sec=(None if steps_per_sec is None
                           else steps_per_sec * batch_size),
         measured_secs=measured_secs, **more), f)
