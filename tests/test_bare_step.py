@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from ps_trainer import cluster as cluster_lib
+from ps_trainer import hooks
 from ps_trainer import packing
 from ps_trainer.experiments import bare_step
 from ps_trainer.experiments import runs
@@ -95,7 +96,8 @@ class BareStepTest(absltest.TestCase):
   def test_a_run_of_fewer_than_two_steps_has_no_speed(self):
     # Not 0 steps/s: the bench refuses such a run, as it does the trainer's, and says why.
     log_dir = testutil.make_tempdir(self)
-    yardstick_result.write(log_dir, "bare_step", [(10.0, 1)], batch_size=64, global_step=1)
+    yardstick_result.write(log_dir, "bare_step", self._timed([(10.0, 1)], train_steps=1),
+                           batch_size=64, global_step=1)
     with open(os.path.join(log_dir, "result.json")) as f:
       self.assertEqual(json.load(f), {"program": "bare_step", "steps_per_sec": None,
                                       "examples_per_sec": None, "measured_secs": None,
@@ -104,7 +106,23 @@ class BareStepTest(absltest.TestCase):
       runs._finish("bare step", log_dir, os.path.join(log_dir, "worker-0.log"), 0,  # pylint: disable=protected-access
                    started=0.0)
     # Two steps or more: 9 global steps in the 2 s after the first 10% of them.
-    self.assertEqual(yardstick_result.steady_rate([(0.0, 1), (1.0, 2), (3.0, 11)]), (4.5, 2.0))
+    yardstick_result.write(log_dir, "bare_step",
+                           self._timed([(0.0, 1), (1.0, 2), (3.0, 11)], train_steps=11),
+                           batch_size=64, global_step=11)
+    with open(os.path.join(log_dir, "result.json")) as f:
+      result = json.load(f)
+    self.assertEqual((result["steps_per_sec"], result["measured_secs"]), (4.5, 2.0))
+    self.assertEqual(result["examples_per_sec"], 64 * 4.5)
+
+  @staticmethod
+  def _timed(marks, train_steps: int) -> hooks.Throughput:
+    """The trainer's Throughput, as a yardstick's loop feeds it: (time, global step) after each
+    step."""
+    clock = testutil.ManualClock()
+    throughput = hooks.Throughput(train_steps, clock=clock)
+    for clock.now, step in marks:
+      throughput.observe(step)
+    return throughput
 
   def test_importing_it_leaves_the_trainers_flags_free(self):
     # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker

@@ -33,13 +33,13 @@ _PARENT_AT_START = os.getppid()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # As plain_tf1's logs.
 
 import functools  # pylint: disable=g-import-not-at-top,g-bad-import-order
-import time  # pylint: disable=g-import-not-at-top
 from typing import Optional, Tuple  # pylint: disable=g-import-not-at-top
 
 from absl import app  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
 from ps_trainer import cluster as cluster_lib
+from ps_trainer import hooks
 from ps_trainer import host_cores
 from ps_trainer import models
 from ps_trainer import packing
@@ -109,17 +109,18 @@ def main(plain_tf1, unused_argv):
     target, config = server.target, server_lib.session_config(info)
   train_op, _ = build_step(info, [int(u) for u in FLAGS.hidden_units.split(",")],
                         FLAGS.batch_size, FLAGS.learning_rate)
-  marks = []  # (time, steps) after each step; one worker, so global steps.
+  # One worker, so its own count is the global step.
+  throughput = hooks.Throughput(FLAGS.train_steps)
   with tf.compat.v1.Session(target, config=config) as session:
     session.run(tf.compat.v1.global_variables_initializer())
     step = session.make_callable(train_op)
     for count in range(1, FLAGS.train_steps + 1):
       step()
-      marks.append((time.monotonic(), count))
+      throughput.observe(count)
     global_step = int(session.run(tf.compat.v1.train.get_global_step()))
   if FLAGS.log_dir and FLAGS.task_index == 0:
-    yardstick_result.write(FLAGS.log_dir, "bare_step", marks, FLAGS.batch_size,
-                           global_step=global_step)
+    yardstick_result.write(FLAGS.log_dir, "bare_step", throughput,
+                           FLAGS.batch_size, global_step=global_step)
 
 
 def run():

@@ -8,9 +8,9 @@ its step with no input pipeline, hooks or checks around it, the floor TF's
 runtime leaves) and the same bare step in one process, then 2 workers async
 and sync. The first five run in turns, round after round (A B C D E A B C D E
 ...), so a machine that slows down mid-bench slows all of them alike; figures
-are medians over the rounds. Speeds come from each run's result.json (steps/s after the first 10%
-of steps and after the traced ones); the split of a step's time from 10
-traced steps of each run (tracing.py), which the speeds leave out.
+are medians over the rounds. Speeds come from each run's result.json (steps/s
+after the first 10% of steps and after the traced ones); the split of a step's
+time from 10 traced steps of each run (tracing.py), which the speeds leave out.
 
 Default work (the reference of the performance targets): --model=mlp
 --hidden_units=256,256 --dataset=synthetic --batch_size=64 --optimizer=sgd

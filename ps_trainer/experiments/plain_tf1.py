@@ -32,6 +32,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
+from ps_trainer import hooks as hooks_lib
 from ps_trainer import synthetic
 from ps_trainer.experiments import yardstick_result
 
@@ -125,7 +126,7 @@ def main(unused_argv):
   final_step = _FinalGlobalStep()
   hooks = [tf.compat.v1.train.StopAtStepHook(last_step=FLAGS.train_steps),
            final_step]
-  marks = []  # (time, global step) after each step
+  throughput = hooks_lib.Throughput(FLAGS.train_steps)  # As the trainer times it.
   with tf.compat.v1.train.MonitoredTrainingSession(
       master=target, is_chief=is_chief, hooks=hooks,
       save_checkpoint_secs=None, save_summaries_steps=None,
@@ -136,11 +137,11 @@ def main(unused_argv):
       _, step = session.run([train_op, global_step], feed_dict={
           features: x_train[start:start + FLAGS.batch_size],
           labels: y_train[start:start + FLAGS.batch_size]})
-      marks.append((time.monotonic(), int(step)))
+      throughput.observe(int(step))
       batch += 1
   if is_chief and FLAGS.log_dir:
-    yardstick_result.write(FLAGS.log_dir, "plain_tf1", marks, FLAGS.batch_size,
-                           global_step=final_step.value)
+    yardstick_result.write(FLAGS.log_dir, "plain_tf1", throughput,
+                           FLAGS.batch_size, global_step=final_step.value)
 
 
 if __name__ == "__main__":
