@@ -1,7 +1,40 @@
-"""ps_trainer: TensorFlow 1 graph-mode parameter-server training."""
+"""ps_trainer: TensorFlow 1 graph-mode parameter-server training.
+
+For your own model: `ModelSpec`, `ModeKeys` and `run(model_fn, input_fn)`;
+`ps_trainer.testing` for graph-mode unit tests (README: Your own model).
+"""
 
 import os as _os
 import sys as _sys
+
+# Keras 2 (tf_keras) builds TF1 graphs; Keras 3 cannot. Before TensorFlow
+# loads, or tf.keras would be Keras 3; a value the user set is kept.
+_os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+from ps_trainer.user_model.spec import ModeKeys  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ps_trainer.user_model.spec import ModelSpec  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+__all__ = ["ModeKeys", "ModelSpec", "run"]
+
+
+def run(model_fn, input_fn=None) -> None:
+  """Runs this process's task with your model, as `python -m ps_trainer`
+  does with --model=PATH.py:FUNCTION: the same flags, roles, TF_CONFIG,
+  local mode. Exits the process with the task's status.
+
+  Args:
+    model_fn: model_fn(features, labels, mode, params) -> ModelSpec.
+    input_fn: input_fn(mode, input_context, params) -> tf.data.Dataset of
+      (features, labels); None: --dataset supplies the input.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+  from ps_trainer import as_program  # pylint: disable=g-import-not-at-top
+  if not _started_as_program():
+    as_program.prepare()
+  # By name, not an import statement: main's Bazel target depends on this
+  # package's, which cannot depend on it back (a Bazel user of run() depends
+  # on //ps_trainer:main).
+  importlib.import_module("ps_trainer.main").run(model_fn, input_fn)
 
 
 def _started_as_program() -> bool:

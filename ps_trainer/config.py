@@ -14,6 +14,8 @@ from typing import Mapping, Optional
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import flags as flags_lib
 from ps_trainer import data_files
+from ps_trainer.user_model import loading
+from ps_trainer.user_model.loading import UserModel
 
 DEFAULT_CHECKPOINT_SECS = 60
 
@@ -32,10 +34,21 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+  """The model. `model` is --model as given: a built-in's name, or the
+  PATH.py:FUNCTION of a user's model_fn, whose functions `user` holds once
+  main.py has loaded them (user_model/loading.py)."""
   model: str
   hidden_units: tuple
   vocab_size: int = 100_000  # wide_deep only, as is embedding_dim.
   embedding_dim: int = 16
+  input_fn: str = ""
+  params: str = "{}"
+  partition_min_bytes: int = 4 << 20
+  user: Optional[UserModel] = None
+
+  @property
+  def is_user_model(self) -> bool:
+    return loading.is_function_spec(self.model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +137,7 @@ def from_flag_values(values: Mapping, tf_config: str,
       values["task_index"], tf_config, values["num_workers"])
   num_workers = cluster.num_workers if cluster else 1
   _check_model_reads_data(values["model"], values["dataset"])
+  _check_user_functions(values["model"], values.get("input_fn", ""))
   _check_data_flags_are_read(values)
   return Config(
       cluster=cluster,
@@ -132,7 +146,11 @@ def from_flag_values(values: Mapping, tf_config: str,
       model=ModelConfig(values["model"],
                         flags_lib.parse_hidden_units(values["hidden_units"]),
                         vocab_size=values["vocab_size"],
-                        embedding_dim=values["embedding_dim"]),
+                        embedding_dim=values["embedding_dim"],
+                        input_fn=values.get("input_fn", ""),
+                        params=_params(values),
+                        partition_min_bytes=values.get(
+                            "partition_min_bytes", 4 << 20)),
       train=TrainConfig(
           optimizer=values["optimizer"],
           learning_rate=(
@@ -170,8 +188,40 @@ def planned_worker(values: Mapping, num_ps: int, num_workers: int,
   return planned
 
 
+def _params(values: Mapping) -> str:
+  try:
+    return loading.parse_params(values.get("params", "{}"))
+  except loading.spec_lib.ModelFnError as e:
+    raise ConfigError(str(e)) from None
+
+
+def _check_user_functions(model: str, input_fn: str) -> None:
+  """The form of --model=PATH.py:FN and --input_fn, and that their files
+  exist: one line before TensorFlow loads."""
+  try:
+    if input_fn and not loading.is_function_spec(model):
+      raise loading.spec_lib.ModelFnError(
+          f"--input_fn={input_fn} needs your own model to read its "
+          f"features, and --model={model} is built in; pass "
+          "--model=PATH.py:FUNCTION too")
+    if loading.is_function_spec(model):
+      loading.check_spec_text(model, "model")
+    if input_fn:
+      loading.check_spec_text(input_fn, "input_fn")
+  except loading.spec_lib.ModelFnError as e:
+    raise ConfigError(str(e)) from None
+
+
+def with_user_model(cfg: Config, user: Optional[UserModel]) -> Config:
+  """`cfg` with the user's loaded functions (None: a built-in model)."""
+  return dataclasses.replace(
+      cfg, model=dataclasses.replace(cfg.model, user=user))
+
+
 def _check_model_reads_data(model: str, dataset: str) -> None:
   """wide_deep reads sparse click records, which no other model reads."""
+  if loading.is_function_spec(model):
+    return  # A user's model reads what its input gives it.
   if model == "wide_deep" and dataset != "tfrecord":
     raise ConfigError(
         f"--model=wide_deep needs click records with sparse ids, but "

@@ -37,7 +37,7 @@ from ps_trainer.readers import DataError
 
 __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
            "find_bad_records", "load", "may_be_bad_records", "train_input",
-           "test_input"]
+           "test_input", "without_autotune"]
 
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 
@@ -229,7 +229,7 @@ def _on_input_thread(dataset):
   return tf.data.experimental.from_variant(variant, dataset.element_spec)
 
 
-def _without_autotune(dataset):
+def without_autotune(dataset):
   """The dataset, to be iterated without tf.data's autotuning thread.
 
   That thread waits between its rounds, and the rounds grow to 60 s. Closing
@@ -246,7 +246,7 @@ def _without_autotune(dataset):
 
 def _iterator_input(dataset, initializable):
   """An Input over a tf.data pipeline that needs nothing fed."""
-  dataset = _without_autotune(dataset)
+  dataset = without_autotune(dataset)
   if not initializable:
     features, labels = tf.compat.v1.data.make_one_shot_iterator(
         dataset).get_next()
@@ -281,7 +281,7 @@ def _array_input(x, y, batch_size, shuffle_seed):
   dataset = dataset.batch(batch_size, drop_remainder=shuffle_seed is not None)
   dataset = dataset.map(
       not_converted(lambda i: (tf.gather(x_in, i), tf.gather(y_in, i))))
-  dataset = _without_autotune(dataset.prefetch(tf.data.AUTOTUNE))
+  dataset = without_autotune(dataset.prefetch(tf.data.AUTOTUNE))
   iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
   features, labels = iterator.get_next()
   return Input(features, labels, iterator.initializer, {x_in: x, y_in: y})

@@ -23,11 +23,13 @@ import tensorflow as tf
 from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
+from ps_trainer import model_parts
 from ps_trainer import output_dir
 from ps_trainer import run_result
 from ps_trainer import stops
 from ps_trainer import train_graph
 from ps_trainer import waits
+from ps_trainer.user_model import graphs
 
 EVAL_JSON = "eval.json"
 EVAL_SUMMARY_DIR = "eval"
@@ -72,6 +74,15 @@ class _Evaluation:
   """The test-split graph of the model, without the cluster or an optimizer."""
 
   def __init__(self, cfg: config_lib.Config, dataset: data.DataSet):
+    if cfg.model.user is not None:
+      # A user's model_fn in EVAL mode, its variables whole (as below).
+      user = graphs.Evaluation(
+          cfg.model.user, lambda: model_parts.held_out_input(cfg, dataset))
+      self.graph, self.global_step = user.graph, user.global_step
+      self.evaluate, self.saver = user.evaluate, user.saver
+      self.variables = list(user.variables.values()) + [user.global_step]
+      self.graph.finalize()
+      return
     self.graph = tf.Graph()
     with self.graph.as_default():
       self.global_step = tf.compat.v1.train.get_or_create_global_step()
@@ -106,7 +117,16 @@ class _Evaluation:
     # Named too: an async chief's checkpoint file can be named a step or two
     # before the step it holds (the others train during its save).
     return {"global_step": step, "checkpoint": os.path.basename(checkpoint),
-            "loss": metrics["loss"], "accuracy": metrics["accuracy"]}
+            "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+            "metrics": metrics.get("metrics") or {
+                "loss": metrics["loss"], "accuracy": metrics["accuracy"]}}
+
+
+def _shown_metrics(metrics: dict) -> list:
+  """(name, value) to print: accuracy first, then the rest by name."""
+  order = sorted(metrics, key=lambda name: (name != "accuracy", name))
+  return [(name, metrics[name]) for name in order
+          if metrics[name] is not None]
 
 
 def _finished_step(log_dir: str, train_steps: int) -> Optional[int]:
@@ -181,14 +201,13 @@ def run(cfg: config_lib.Config, dataset: data.DataSet,
         scored.add(_step_of(checkpoint))
         _append_score(log_dir, scores, score)
         writer.add_summary(tf.compat.v1.Summary(value=[
-            tf.compat.v1.Summary.Value(tag="loss", simple_value=score["loss"]),
-            tf.compat.v1.Summary.Value(tag="accuracy",
-                                       simple_value=score["accuracy"])]),
-                           score["global_step"])
+            tf.compat.v1.Summary.Value(tag=name, simple_value=value)
+            for name, value in score["metrics"].items()
+            if value is not None]), score["global_step"])
         writer.flush()
-        print(f"evaluator: step {score['global_step']}  test accuracy "
-              f"{score['accuracy']:.4f}  test loss {score['loss']:.4f}",
-              flush=True)
+        print(f"evaluator: step {score['global_step']}  "
+              + "  ".join(f"test {name} {value:.4f}" for name, value in
+                          _shown_metrics(score["metrics"])), flush=True)
     finally:
       writer.close()
   print(f"evaluator: scored the final checkpoint; {len(scores)} checkpoint(s) "

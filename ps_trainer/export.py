@@ -31,6 +31,7 @@ from ps_trainer import data
 from ps_trainer import errors
 from ps_trainer import models
 from ps_trainer import run_result
+from ps_trainer.user_model import graphs
 
 EXPORT_SUBDIR = "export"
 SIGNATURE_KEY = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
@@ -102,11 +103,19 @@ def describe(cfg: config_lib.Config, dataset: data.DataSet) -> str:
   inputs = ", ".join(
       f"{name} {dtype.name} [{', '.join(str(d) for d in shape)}]"
       for name, (dtype, shape) in _input_specs(cfg, dataset).items())
-  return f"{SIGNATURE_KEY}: {inputs} -> probabilities, classes"
+  outputs = ("the model's predictions" if cfg.model.user is not None
+             else "probabilities, classes")
+  return f"{SIGNATURE_KEY}: {inputs} -> {outputs}"
 
 
 def _input_specs(cfg, dataset) -> dict:
   """Input name -> (dtype, shape) of what the model consumes."""
+  if cfg.model.user is not None and cfg.model.user.input_fn is not None:
+    specs = graphs.feature_specs(cfg.model.user)
+    named = specs if isinstance(specs, dict) else {"features": specs}
+    return {name: (spec.dtype, tuple(
+        [None, None] if isinstance(spec, tf.SparseTensorSpec)
+        else spec.shape.as_list())) for name, spec in named.items()}
   if cfg.model.model == "wide_deep":
     specs = {"ids": (tf.int64, (None, None))}
     if dataset.input_shape[0]:  # Records without dense features: none to ask for.
@@ -168,23 +177,12 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
   """Builds the serving graph, restores `checkpoint`, writes the SavedModel."""
   graph = tf.Graph()
   with graph.as_default():
-    inputs = {name: tf.compat.v1.placeholder(dtype, shape, name=name)
-              for name, (dtype, shape) in _input_specs(cfg, dataset).items()}
-    # Each table whole (no partitioner), whatever num_ps the run had: the
-    # checkpoint stores a partitioned table under its full name, as slices
-    # (one per part), and a restore assembles any slice - here the whole
-    # table - from them. The export then does not depend on the cluster.
-    logits = models.build_logits(
-        cfg.model.model, _features(cfg, inputs), dataset.input_shape,
-        dataset.num_classes, cfg.model.hidden_units,
-        vocab_size=cfg.model.vocab_size,
-        embedding_dim=cfg.model.embedding_dim, partitioner=None)
-    outputs = {
-        "probabilities": tf.nn.softmax(logits, name="probabilities"),
-        "classes": tf.argmax(logits, axis=1, output_type=tf.int64,
-                             name="classes")}
-    # Only what build_logits created: the model's variables.
-    model_variables = tf.compat.v1.global_variables()
+    if cfg.model.user is not None:
+      inputs, outputs = _user_model_serving(cfg, dataset)
+    else:
+      inputs, outputs = _built_in_serving(cfg, dataset)
+    # Only what the model created: its variables.
+    model_variables = list(graphs.model_variables(graph).values())
     problem = checkpoints.mismatch(checkpoint, model_variables)
     if problem:
       raise _NotThisModel(problem)
@@ -199,6 +197,39 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
           signature_def_map={SIGNATURE_KEY: signature},
           strip_default_attrs=True)
       builder.save()
+
+
+def _user_model_serving(cfg, dataset) -> tuple:
+  """(inputs, outputs) of a user's model in PREDICT mode: inputs as its
+  input_fn's features (or --dataset's), outputs its predictions."""
+  user = cfg.model.user
+  if user.input_fn is not None:
+    inputs, features = graphs.serving_inputs(graphs.feature_specs(user))
+  else:
+    ((name, (dtype, shape)),) = _input_specs(cfg, dataset).items()
+    features = tf.compat.v1.placeholder(dtype, shape, name=name)
+    inputs = {name: features}
+  return inputs, graphs.serving_outputs(user, features)
+
+
+def _built_in_serving(cfg, dataset) -> tuple:
+  """(inputs, outputs) of a built-in model: probabilities and classes."""
+  inputs = {name: tf.compat.v1.placeholder(dtype, shape, name=name)
+            for name, (dtype, shape) in _input_specs(cfg, dataset).items()}
+  # Each table whole (no partitioner), whatever num_ps the run had: the
+  # checkpoint stores a partitioned table under its full name, as slices
+  # (one per part), and a restore assembles any slice - here the whole
+  # table - from them. The export then does not depend on the cluster.
+  logits = models.build_logits(
+      cfg.model.model, _features(cfg, inputs), dataset.input_shape,
+      dataset.num_classes, cfg.model.hidden_units,
+      vocab_size=cfg.model.vocab_size,
+      embedding_dim=cfg.model.embedding_dim, partitioner=None)
+  outputs = {
+      "probabilities": tf.nn.softmax(logits, name="probabilities"),
+      "classes": tf.argmax(logits, axis=1, output_type=tf.int64,
+                           name="classes")}
+  return inputs, outputs
 
 
 def _features(cfg, inputs: dict):

@@ -7,6 +7,7 @@ aggregate) are resolved in config.py.
 """
 
 import functools
+import json
 import math
 
 from absl import flags
@@ -55,7 +56,27 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "Training replicas in the job (chief + workers). Only needed with a "
       "sparse TF_CONFIG, which does not list every worker.")
   # What to train.
-  define_string("model", "mlp", f"Model: {' | '.join(MODELS)}.")
+  define_string(
+      "model", "mlp",
+      f"Model: {' | '.join(MODELS)}; or your own model function as "
+      "PATH.py:FUNCTION or package.module:FUNCTION, model_fn(features, "
+      "labels, mode, params) -> ps_trainer.ModelSpec (README: Your own model).")
+  define_string(
+      "input_fn", "",
+      "Your own input function, PATH.py:FUNCTION or package.module:FUNCTION: "
+      "input_fn(mode, input_context, params) -> tf.data.Dataset of "
+      "(features, labels). Needs --model=PATH.py:FUNCTION. Default: "
+      "--dataset supplies the input.")
+  define_string(
+      "params", "{}",
+      "A JSON object handed to your model_fn and input_fn as `params`, e.g. "
+      "'{\"units\": 64}'.")
+  define_integer(
+      "partition_min_bytes", 4 << 20,
+      "Your own model: a get_variable larger than this many bytes is split "
+      "over the PS tasks in parts of at least this size (as TF2's "
+      "MinSizePartitioner does). Built-in models split their tables "
+      "themselves.")
   define_string("hidden_units", "128,64",
                 "Comma-separated hidden layer sizes of --model=mlp and of the "
                 "deep part of --model=wide_deep.")
@@ -185,6 +206,13 @@ def _between(fv, name: str, minimum: int, maximum: int) -> None:
       message=f"must be between {minimum} and {maximum}", flag_values=fv)
 
 
+def _is_json_object(value: str) -> bool:
+  try:
+    return isinstance(json.loads(value), dict)
+  except ValueError:
+    return False
+
+
 def parse_hidden_units(value: str) -> tuple:
   """'128,64' -> (128, 64); raises ValueError with the reason."""
   parts = [p.strip() for p in value.split(",")] if value.strip() else []
@@ -203,7 +231,20 @@ def _valid_hidden_units(value: str) -> bool:
 
 
 def _register_validators(fv) -> None:
-  _one_of(fv, "model", MODELS)
+  flags.register_validator(
+      "model", lambda value: value in MODELS or ":" in value,
+      message=f"unknown value; accepted: {', '.join(MODELS)}, or your own "
+      "model_fn as PATH.py:FUNCTION or package.module:FUNCTION",
+      flag_values=fv)
+  flags.register_validator(
+      "input_fn", lambda value: not value or ":" in value,
+      message="expected PATH.py:FUNCTION or package.module:FUNCTION",
+      flag_values=fv)
+  flags.register_validator(
+      "params", _is_json_object,
+      message="expected a JSON object, e.g. '{\"units\": 64}'",
+      flag_values=fv)
+  _at_least(fv, "partition_min_bytes", 1)
   _one_of(fv, "optimizer", OPTIMIZERS)
   _one_of(fv, "dataset", DATASETS)
   _one_of(fv, "wire_dtype", WIRE_DTYPES)

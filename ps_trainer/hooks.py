@@ -158,13 +158,22 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     examples_per_global_step: batch size times replicas aggregated per step.
     every_steps: this worker's steps between lines.
     throughput: where global steps are recorded for result.json.
+    examples_seen: a counter of the examples this worker's input yielded,
+      when the input decides the batch size (a user's input_fn); then
+      examples_per_global_step is measured, as that batch times `replicas`.
+    replicas: replicas aggregated per global step.
   """
 
   def __init__(self, name: str, loss, global_step, train_steps: int,
                examples_per_global_step: int, every_steps: int,
-               throughput: Throughput, clock=time.monotonic):
+               throughput: Throughput, clock=time.monotonic,
+               examples_seen=None, replicas: int = 1):
     self._name = name
     self._fetches = {"loss": loss, "global_step": global_step}
+    if examples_seen is not None:
+      self._fetches["examples_seen"] = examples_seen
+    self._replicas = replicas
+    self._seen = None  # (examples, steps) of this session, when measured.
     self._train_steps = train_steps
     self._examples = examples_per_global_step
     self._every = every_steps
@@ -178,6 +187,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
   def after_create_session(self, session, coord):
     self._throughput.session_started()
     self._last_line = None  # Rates restart with the session.
+    if "examples_seen" in self._fetches:
+      self._seen = (0, 0)
     global_step = int(session.run(self._fetches["global_step"]))
     if global_step > self._train_steps:  # A run resumed with fewer steps.
       errors.say(f"{self._name}: starting at global step {global_step}, "
@@ -195,6 +206,9 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
     self.last_loss = float(run_values.results["loss"])
     self._throughput.observe(global_step)
     self._steps += 1
+    if self._seen is not None:
+      self._seen = (int(run_values.results["examples_seen"]),
+                    self._seen[1] + 1)
     now = self._clock()
     if self._last_line is None:
       self._last_line = (now, global_step)
@@ -203,8 +217,16 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
       rate = (global_step - self._last_line[1]) / seconds if seconds > 0 else 0
       errors.say(f"{self._name}: step {global_step}/{self._train_steps}  "
                  f"loss {self.last_loss:.4f}  {rate:.1f} steps/s  "
-                 f"{rate * self._examples:.0f} examples/s")
+                 f"{rate * self.examples_per_global_step:.0f} examples/s")
       self._last_line = (now, global_step)
+
+  @property
+  def examples_per_global_step(self) -> float:
+    """--batch_size times the replicas per step; or, when the input decides
+    the batch, the mean batch it yielded so far times the replicas."""
+    if self._seen is None or not self._seen[1]:
+      return self._examples
+    return self._seen[0] / self._seen[1] * self._replicas
 
 
 class ResultHook(tf.compat.v1.train.SessionRunHook):
@@ -261,10 +283,12 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         global_step=global_step,
         loss=metrics["loss"],
         accuracy=metrics["accuracy"],
+        metrics=metrics.get("metrics") or {"loss": metrics["loss"],
+                                           "accuracy": metrics["accuracy"]},
         test_examples=metrics.get("examples"),
         train_loss=train_loss if math.isfinite(train_loss) else None,
         examples_per_sec=(None if steps_per_sec is None
-                          else steps_per_sec * self._examples),
+                          else steps_per_sec * self._examples_per_step()),
         steps_per_sec=steps_per_sec,
         wall_secs=self._throughput.wall_secs(),
         **self._throughput.measured(),
@@ -272,6 +296,12 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     run_result.write(self._log_dir, self.result)
     self._on_written()
     errors.say(summary_line(self.result))
+
+
+  def _examples_per_step(self) -> float:
+    if self._progress is not None:
+      return self._progress.examples_per_global_step
+    return self._examples
 
 
 def summary_line(result: dict) -> str:
@@ -286,9 +316,10 @@ def summary_line(result: dict) -> str:
     speed = (f"{result['steps_per_sec']:.1f} steps/s  "
              f"{result['examples_per_sec']:.0f} examples/s  "
              f"{result['wall_secs']:.1f} s")
-  return (f"done: step {result['global_step']}  test accuracy "
-          f"{result['accuracy']:.4f}  test loss {result['loss']:.4f}  "
-          f"{speed}  ({where})")
+  accuracy = ("" if result.get("accuracy") is None
+              else f"test accuracy {result['accuracy']:.4f}  ")
+  return (f"done: step {result['global_step']}  {accuracy}"
+          f"test loss {result['loss']:.4f}  {speed}  ({where})")
 
 
 class StopOnRequestHook(tf.compat.v1.train.SessionRunHook):

@@ -33,7 +33,9 @@ FLAGS = absl_flags.FLAGS
 TRAINER_FLAGS = flags_lib.define_flags()
 
 
-def main(argv) -> int:
+def main(argv, functions=None) -> int:
+  """One task. `functions`: (model_fn, input_fn) from ps_trainer.run(), else
+  None (--model and --input_fn name them)."""
   if len(argv) > 1:  # absl's UsageError would print the whole help first.
     errors.fail(f"unexpected arguments {' '.join(argv[1:])!r}; every setting "
                 "is a --flag (see --helpfull)")
@@ -43,8 +45,12 @@ def main(argv) -> int:
   from ps_trainer import config as config_lib
   values = FLAGS.flag_values_dict()
   try:
+    if functions is not None:
+      values = dict(values, model=_function_name(functions[0]),
+                    input_fn=_function_name(functions[1]))
     cfg = config_lib.from_flag_values(values, os.environ.get("TF_CONFIG", ""))
-    config_lib.check_data_flags(values)
+    if not cfg.model.input_fn:  # An input_fn reads its own files.
+      config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     errors.fail(str(e))
   checking = bool(os.environ.get("PS_TRAINER_CHECK_ONLY"))
@@ -52,6 +58,7 @@ def main(argv) -> int:
     # Before the log dir, so a bad file leaves nothing there (and is named
     # before a bad --log_dir here, after it in a task).
     _read_data_set(cfg)
+    _load_user_model(cfg, functions)
   created = _check_log_dir(cfg.train.log_dir) if cfg.writes_log_dir else []
   claim = None
   if cfg.is_chief:  # The one task that writes checkpoints there.
@@ -65,7 +72,7 @@ def main(argv) -> int:
     # launcher's own (and a PS left waiting for workers that are gone).
     return 0
   try:
-    return _run_task(cfg)
+    return _run_task(cfg, functions)
   finally:
     if cfg.is_chief:  # Another task leaves it to the chief, which writes there.
       if claim is not None and created:  # Only an empty new one goes.
@@ -85,17 +92,57 @@ def _check_log_dir(log_dir: str) -> list:
     errors.fail(str(e))
 
 
-def _run_task(cfg) -> int:
+def _run_task(cfg, functions=None) -> int:
   """Runs this task's role (task.py) once TensorFlow is loaded."""
   stop = _receive_stop_signals(cfg)
   from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
   if cfg.cluster is not None and cfg.train.pin_cpus:
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
   dataset = _read_data_set(cfg)
+  cfg = _load_user_model(cfg, functions)
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   quiet_import.tensorflow()  # Before any module imports it, or TF's notes show.
   from ps_trainer import task  # pylint: disable=g-import-not-at-top
   return task.run(cfg, stop, dataset)
+
+
+def _function_name(function) -> str:
+  """'model.py:model_fn' for a function given to ps_trainer.run(); ''."""
+  if function is None:
+    return ""
+  import inspect  # pylint: disable=g-import-not-at-top
+  try:
+    path = os.path.relpath(inspect.getsourcefile(function) or "")
+  except TypeError:
+    path = getattr(function, "__module__", "") or "function"
+  return f"{path}:{getattr(function, '__name__', 'function')}"
+
+
+def _load_user_model(cfg, functions=None):
+  """`cfg` with the user's model_fn and input_fn loaded (a PS needs none).
+
+  Imports TensorFlow first, quietly: the user's code imports it.
+  """
+  if not cfg.model.is_user_model or (cfg.cluster and cfg.cluster.is_ps):
+    return cfg
+  from ps_trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
+  quiet_import.tensorflow()
+  from ps_trainer.user_model import loading  # pylint: disable=g-import-not-at-top
+  from ps_trainer.user_model import spec  # pylint: disable=g-import-not-at-top
+  try:
+    if functions is not None:
+      loading.quiet_layer_deprecations()
+      user = loading.UserModel(
+          model_fn=functions[0], input_fn=functions[1],
+          params=cfg.model.params, model_name=cfg.model.model,
+          input_name=cfg.model.input_fn)
+    else:
+      user = loading.from_flags(cfg.model.model, cfg.model.input_fn,
+                                cfg.model.params)
+  except spec.ModelFnError as e:
+    errors.fail(str(e))
+  return config_lib.with_user_model(cfg, user)
 
 
 def _read_data_set(cfg):
@@ -107,6 +154,9 @@ def _read_data_set(cfg):
   """
   if cfg.cluster is not None and cfg.cluster.is_ps:
     return None  # A PS reads no data.
+  if cfg.model.input_fn:
+    from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+    return data_sets.from_input_fn(cfg.model.input_fn)
   from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
   try:
     return data_sets.read(cfg.data.dataset, cfg.data.data_dir,
@@ -141,6 +191,14 @@ def _parse_flags(argv):
     errors.fail(errors.flag_error(e))
 
 
-def run() -> None:
+def run(model_fn=None, input_fn=None) -> None:
+  """The program: parses the flags, runs this task, exits with its status.
+
+  Args:
+    model_fn, input_fn: a user's functions (ps_trainer.run); None: --model
+      and --input_fn name them, or --model is built in.
+  """
+  functions = (model_fn, input_fn) if model_fn is not None else None
   process_end.run_then_finish(
-      lambda: app.run(main, flags_parser=_parse_flags))
+      lambda: app.run(lambda argv: main(argv, functions),
+                      flags_parser=_parse_flags))

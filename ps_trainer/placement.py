@@ -95,6 +95,15 @@ def table_partitioner(num_ps: int):
   return tf.compat.v1.fixed_size_partitioner(max(num_ps, 1))
 
 
+def size_partitioner(num_ps: int, min_bytes: int):
+  """Splits a variable larger than `min_bytes` into parts of at least that
+  size, at most one per PS task (TF2's MinSizePartitioner): a user's large
+  tables spread over the PS; its dense layers stay whole, so packing.py can
+  read them in one piece."""
+  return tf.compat.v1.min_max_variable_partitioner(
+      max_partitions=max(num_ps, 1), min_slice_size=min_bytes)
+
+
 def device_function(info: cluster_lib.ClusterInfo):
   """The device function for a training replica of `info`'s cluster.
 

@@ -21,11 +21,18 @@ class MismatchError(ValueError):
   """This task's settings differ from the chief's. The message is one line."""
 
 
-def of(cfg, input_shape, num_classes: int) -> dict:
+def of(cfg, input_shape, num_classes: int, variables=None) -> dict:
   """The settings that must match across tasks for the job to be the one
-  the chief reports."""
+  the chief reports; with `variables` (a user's model), also their names,
+  shapes and dtypes."""
   return {
+      "variables": (None if variables is None else sorted(
+          f"{v.op.name} {v.shape.as_list()} {v.dtype.base_dtype.name}"
+          for v in variables)),
       "model": cfg.model.model,
+      "input_fn": cfg.model.input_fn or None,
+      "params": cfg.model.params if cfg.model.is_user_model else None,
+      "model_file": _model_file_digest(cfg.model.model),
       "hidden_units": (None if cfg.model.model in _WITHOUT_HIDDEN_UNITS
                        else list(cfg.model.hidden_units)),
       "vocab_size": (cfg.model.vocab_size
@@ -45,6 +52,18 @@ def of(cfg, input_shape, num_classes: int) -> dict:
   }
 
 
+def _model_file_digest(model: str) -> Optional[str]:
+  """The sha256 of a --model=PATH.py file's text (its first 12 hex digits):
+  two hosts' copies of a model file that differ tell so. None otherwise."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  path = model.rpartition(":")[0]
+  if not path.endswith(".py") or not os.path.isfile(path):
+    return None
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()[:12]
+
+
 def encode(signature: dict) -> str:
   return json.dumps(signature, sort_keys=True)
 
@@ -56,6 +75,8 @@ def mismatch(own: dict, chief_encoded: str) -> Optional[str]:
   except ValueError:
     return "the chief published an unreadable signature (another program?)"
   differences = [
+      _variables_differ(own[key], chief[key]) if key == "variables" and
+      own.get(key) is not None and chief.get(key) is not None else
       f"{key}: {_shown(own, key)} here but {_shown(chief, key)} on the chief"
       for key in sorted(set(own) | set(chief))
       if key not in own or key not in chief or own[key] != chief[key]]
@@ -64,6 +85,14 @@ def mismatch(own: dict, chief_encoded: str) -> Optional[str]:
   return ("this worker's settings differ from the chief's: "
           f"{'; '.join(differences)}; start every task with the same training "
           "flags")
+
+
+def _variables_differ(own: list, chief: list) -> str:
+  """The model variables only one side has (first three of each)."""
+  here = sorted(set(own) - set(chief))
+  there = sorted(set(chief) - set(own))
+  return (f"model variables: {'; '.join(here[:3]) or 'none'} here but "
+          f"{'; '.join(there[:3]) or 'none'} on the chief")
 
 
 def _shown(signature: dict, key: str) -> str:

@@ -28,9 +28,11 @@ from ps_trainer import server as server_lib
 from ps_trainer import stops
 from ps_trainer import trainer
 from ps_trainer import waits
+from ps_trainer.user_model import spec
 
 # Errors whose message is the whole story: bad input, one line, status 2.
 _INPUT_ERRORS = (data.DataError, models.ModelError, server_lib.ServerError,
+                 spec.ModelFnError,
                  run_signature.MismatchError, evaluator.EvaluatorError,
                  checkpoints.ForeignCheckpointError,
                  checkpoints.MissingCheckpointError)
@@ -175,6 +177,12 @@ def _smaller_model(cfg: config_lib.Config) -> str:
   return "lower --hidden_units or --batch_size"
 
 
+def _input_flag(cfg: config_lib.Config) -> str:
+  if cfg.model.input_fn:
+    return f"--input_fn={cfg.model.input_fn}"
+  return f"--dataset={cfg.data.dataset}"
+
+
 def _describe(cfg: config_lib.Config) -> str:
   """The task's first line: its role, its mode and the flags that matter."""
   replicas = cfg.train.replicas_to_aggregate
@@ -188,6 +196,6 @@ def _describe(cfg: config_lib.Config) -> str:
              f"{cfg.num_workers} worker(s) and {cfg.num_ps} PS")
   return (f"ps_trainer: {where}{', ' + mode if mode else ''}; "
           f"--model={cfg.model.model} "
-          f"--dataset={cfg.data.dataset} --optimizer={cfg.train.optimizer} "
+          f"{_input_flag(cfg)} --optimizer={cfg.train.optimizer} "
           f"--learning_rate={cfg.train.learning_rate:g} "
           f"--train_steps={cfg.train.train_steps}")

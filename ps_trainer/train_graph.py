@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from ps_trainer import config as config_lib
 from ps_trainer import data
+from ps_trainer import model_parts
 from ps_trainer import models
 from ps_trainer import optimizers
 from ps_trainer import packing
@@ -22,7 +23,7 @@ from ps_trainer import run_signature
 from ps_trainer import sync_replicas
 from ps_trainer import waits
 
-EVAL_BATCH_SIZE = 1000
+EVAL_BATCH_SIZE = model_parts.EVAL_BATCH_SIZE
 # Names the check that stops a run whose loss is no longer a number.
 LOSS_CHECK_NAME = "loss_is_finite"
 
@@ -51,6 +52,11 @@ class TrainGraph:
   signature: tf.Variable
   signature_published: tf.Tensor
   own_signature: dict
+  # A user's model_fn's own SessionRunHooks, for every replica.
+  training_hooks: tuple = ()
+  # Examples this worker's input yielded so far (a local variable), when the
+  # batch size is the input's own (a user's input_fn); else None.
+  examples_seen: Optional[tf.Variable] = None
 
 
 def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
@@ -60,42 +66,43 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
   there is none and everything stays in this process.
   """
   info = cfg.cluster
+  user = cfg.model.user
   graph = tf.Graph()
   with graph.as_default():
-    tf.compat.v1.set_random_seed(cfg.train.seed)
+    # A user's input_fn that ignores its context still shuffles differently
+    # on each worker: its ops' seeds derive from this one. Only the chief's
+    # variable initializers run, so the model starts the same.
+    tf.compat.v1.set_random_seed(
+        cfg.train.seed + (cfg.replica_index if user else 0))
     device_fn = placement.device_function(info) if info else None
     with tf.compat.v1.device(device_fn):
       global_step = tf.compat.v1.train.get_or_create_global_step()
-      train_input = data.train_input(
-          dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
-          shard_index=cfg.replica_index, seed=cfg.train.seed)
-      # The evaluation graph first: it creates the variables, which the
-      # packed reads of the training graph need (packing.py).
-      partitioner = placement.table_partitioner(cfg.num_ps)
-      evaluate = build_evaluation(cfg, dataset, partitioner)
-      trainable = tf.compat.v1.trainable_variables()
-      reads = (packing.PackedReads(trainable, _wire_dtype(cfg), global_step)
-               if info else None)
+      if user is None:
+        model = _built_in_model(cfg, dataset, global_step)
+      else:
+        model = model_parts.user_model(cfg, dataset)
+      train_input, reads = model.train_input, model.reads
       global_step_read = _cache_global_step_read(
           graph, global_step, reads.global_step if reads else None)
-      with tf.compat.v1.variable_scope(
-          tf.compat.v1.get_variable_scope(),
-          custom_getter=reads.variable_getter() if reads else None):
-        logits = _logits(cfg, dataset, train_input.features, partitioner)
-      loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
       # The update depends on this check (and its gradient on the gradient's
       # own check), so a NaN or Inf loss stops the step before any variable
       # changes: the model and the checkpoints stay good.
-      loss = tf.debugging.check_numerics(loss, "loss is NaN or Inf",
+      loss = tf.debugging.check_numerics(model.loss, "loss is NaN or Inf",
                                          name=LOSS_CHECK_NAME)
       train_op, applied_step, sync_optimizer = _update(
-          cfg, loss, trainable, reads, global_step)
-      own_signature = run_signature.of(cfg, dataset.input_shape,
-                                       dataset.num_classes)
+          cfg, loss, model.trainable, reads, global_step, model.optimizer)
+      examples_seen = None
+      if model.examples is not None:
+        train_op, examples_seen = _count_examples(train_op, model.examples,
+                                                  info)
+      own_signature = run_signature.of(
+          cfg, dataset.input_shape, dataset.num_classes,
+          variables=model.trainable if user else None)
       signature, signature_published = _signature_variable(
           own_signature, on_ps=info is not None)
     tf.compat.v1.summary.scalar("loss", loss)
-    tf.compat.v1.summary.scalar("train_accuracy", accuracy)
+    if model.accuracy is not None:
+      tf.compat.v1.summary.scalar("train_accuracy", model.accuracy)
     model_variables = [v for v in tf.compat.v1.global_variables()
                        if v is not signature]
     with tf.compat.v1.device(info.task_device if info else None):
@@ -113,23 +120,61 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
   return TrainGraph(
       graph=graph, global_step=global_step, global_step_read=global_step_read,
       applied_step=applied_step, loss=loss, train_op=train_op,
-      train_input=train_input, evaluate=evaluate,
+      train_input=train_input, evaluate=model.evaluate,
       saver=saver, chief_start=chief_start, model_variables=model_variables,
       model_not_ready=model_not_ready, sync_optimizer=sync_optimizer,
       done_signals=done_signals,
       signature=signature, signature_published=signature_published,
-      own_signature=own_signature)
+      own_signature=own_signature, training_hooks=model.training_hooks,
+      examples_seen=examples_seen)
 
 
 def _wire_dtype(cfg: config_lib.Config):
   return packing.WIRE_DTYPES[cfg.train.wire_dtype]
 
 
-def _update(cfg: config_lib.Config, loss, trainable, reads, global_step):
+def _built_in_model(cfg, dataset, global_step) -> model_parts.ModelParts:
+  """A built-in model on --dataset, read through packed reads in a cluster."""
+  partitioner = placement.table_partitioner(cfg.num_ps)
+  train_input = data.train_input(
+      dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
+      shard_index=cfg.replica_index, seed=cfg.train.seed)
+  # The evaluation graph first: it creates the variables, which the
+  # packed reads of the training graph need (packing.py).
+  evaluate = build_evaluation(cfg, dataset, partitioner)
+  trainable = tf.compat.v1.trainable_variables()
+  reads = (packing.PackedReads(trainable, _wire_dtype(cfg), global_step)
+           if cfg.cluster else None)
+  with tf.compat.v1.variable_scope(
+      tf.compat.v1.get_variable_scope(),
+      custom_getter=reads.variable_getter() if reads else None):
+    logits = _logits(cfg, dataset, train_input.features, partitioner)
+  loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
+  return model_parts.ModelParts(
+      train_input=train_input, loss=loss, accuracy=accuracy,
+      evaluate=evaluate, trainable=trainable, reads=reads)
+
+
+def _count_examples(train_op, examples: tf.Tensor, info):
+  """(the train op, also adding the batch's examples to a local counter on
+  this worker, the counter): no transfer, it stays beside the input."""
+  with tf.compat.v1.device(info.task_device if info else None):
+    counter = tf.compat.v1.get_local_variable(
+        "ps_trainer/examples_seen", initializer=tf.constant(0, tf.int64),
+        trainable=False)
+    with tf.control_dependencies([train_op]):
+      count = counter.assign_add(examples, read_value=False)
+  return tf.group(train_op, count, name="train_and_count"), counter
+
+
+def _update(cfg: config_lib.Config, loss, trainable, reads, global_step,
+            optimizer=None):
   """The step's update: (train op, the global step it applied or None, the
-  sync optimizer or None). `reads` is None in local mode."""
-  optimizer = optimizers.make_optimizer(cfg.train.optimizer,
-                                        cfg.train.learning_rate)
+  sync optimizer or None). `reads` is None in local mode and for a user's
+  model; `optimizer` is the model's own, else --optimizer's."""
+  if optimizer is None:
+    optimizer = optimizers.make_optimizer(cfg.train.optimizer,
+                                          cfg.train.learning_rate)
   sync_optimizer = None
   if cfg.train.sync_replicas:
     optimizer = sync_optimizer = sync_replicas.SyncOptimizer(

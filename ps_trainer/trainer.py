@@ -22,6 +22,7 @@ from ps_trainer import hung_step
 from ps_trainer import peers
 from ps_trainer import ps_runs
 from ps_trainer import repeats
+from ps_trainer import run_config
 from ps_trainer import run_signature
 from ps_trainer import server as server_lib
 from ps_trainer import session as session_lib
@@ -110,6 +111,8 @@ def run(cfg: config_lib.Config, tg: train_graph.TrainGraph, target: str = "",
     waits.Stopped: a stop was requested while waiting for them.
   """
   stop = stop or stops.StopRequest(cfg.task_name)
+  if cfg.is_chief and cfg.train.log_dir:
+    run_config.write(cfg)
   session_config = (server_lib.session_config(cfg.cluster) if cfg.cluster
                     else None)
   others = peers.Peers(cfg, tg, target, session_config, stop)
@@ -253,15 +256,18 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
                                     skip_steps=_traced_steps(cfg))
   progress = hooks_lib.ProgressHook(
       cfg.task_name, tg.loss, tg.global_step_read, cfg.train.train_steps,
-      per_step,
-      cfg.train.log_every_steps, throughput)
+      per_step, cfg.train.log_every_steps, throughput,
+      examples_seen=tg.examples_seen,
+      replicas=(cfg.train.replicas_to_aggregate
+                if cfg.train.sync_replicas else 1))
   every_replica = [
       hooks_lib.StopOnRequestHook(stop),
       hooks_lib.InputInitHook(tg.train_input.initializer,
                               tg.train_input.feed_dict),
       hooks_lib.ReleaseInputThreadHook(
           lambda: host_cores.release_threads(data.INPUT_THREAD_NAME)),
-      hooks_lib.StopAtStepHook(cfg.train.train_steps), progress]
+      hooks_lib.StopAtStepHook(cfg.train.train_steps), progress,
+      *tg.training_hooks]
   stall_watch = None
   if cfg.cluster:
     stall_watch = stall_watch_lib.StallWatchHook(
@@ -374,6 +380,7 @@ def _sync_hook(cfg, tg: train_graph.TrainGraph, target: str, session_config,
 
 def _result_fields(cfg: config_lib.Config) -> dict:
   return dict(
+      config=run_config.of(cfg),
       sync_replicas=cfg.train.sync_replicas,
       replicas_to_aggregate=cfg.train.replicas_to_aggregate,
       num_workers=cfg.num_workers, num_ps=cfg.num_ps,

@@ -22,6 +22,7 @@ _DEFAULTS = {
     "ps_hosts": "", "worker_hosts": "", "job_name": "", "task_index": None,
     "num_workers": None,
     "model": "mlp", "hidden_units": "128,64", "dataset": "digits",
+    "input_fn": "", "params": "{}", "partition_min_bytes": 4 << 20,
     "vocab_size": 100_000, "embedding_dim": 16,
     "data_dir": "", "data_path": "",
     "batch_size": 64, "optimizer": "adam", "learning_rate": None,

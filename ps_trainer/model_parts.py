@@ -1,0 +1,94 @@
+"""What the training graph needs of a model, built-in or a user's.
+
+train_graph.py builds the cluster's side (global step, update, signature);
+a model supplies its input, its loss and how it is scored. A user's model_fn
+and input_fn are built here (user_model/graphs.py does the calling), so the
+training graph itself asks nothing of where a model came from.
+"""
+
+import dataclasses
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from ps_trainer import config as config_lib
+from ps_trainer import data
+from ps_trainer import packing
+from ps_trainer import placement
+from ps_trainer.user_model import graphs
+from ps_trainer.user_model.spec import ModeKeys
+
+
+@dataclasses.dataclass
+class ModelParts:
+  """A model built into the training graph.
+
+  Attributes:
+    train_input: this worker's training input.
+    loss: the training loss (a scalar).
+    accuracy: the batch's accuracy for summaries, or None.
+    evaluate: (training session) -> {"loss", "accuracy", "examples"} and,
+      for a user's model, "metrics": the held-out split's exact scores.
+    trainable: the variables the update changes.
+    reads: packed reads (packing.py), or None.
+    optimizer: the model's own optimizer, or None for --optimizer's.
+    training_hooks: the model's own SessionRunHooks.
+    examples: the batch's example count, when the input decides it; else
+      None (--batch_size).
+  """
+  train_input: data.Input
+  loss: tf.Tensor
+  accuracy: Optional[tf.Tensor]
+  evaluate: Callable
+  trainable: list
+  reads: Optional[packing.PackedReads] = None
+  optimizer: object = None
+  training_hooks: tuple = ()
+  examples: Optional[tf.Tensor] = None
+
+
+def user_model(cfg: config_lib.Config, dataset: data.DataSet) -> ModelParts:
+  """A user's model_fn on its input_fn (or on --dataset), in the default
+  graph under the caller's device function. Its large variables are split
+  over the PS tasks (--partition_min_bytes).
+
+  Raises:
+    ModelFnError: a function broke the contract.
+  """
+  user = cfg.model.user
+  partitioner = placement.size_partitioner(cfg.num_ps,
+                                           cfg.model.partition_min_bytes)
+  if user.input_fn is not None:
+    train_input = graphs.train_input(user, cfg.num_workers, cfg.replica_index)
+    examples = graphs.batch_size_of(train_input.features)
+  else:
+    train_input = data.train_input(
+        dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
+        shard_index=cfg.replica_index, seed=cfg.train.seed)
+    examples = None
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                   partitioner=partitioner):
+    spec = graphs.call_model_fn(user, train_input.features,
+                                train_input.labels, ModeKeys.TRAIN)
+  trained = graphs.model_variables(tf.compat.v1.get_default_graph())
+  evaluation = graphs.Evaluation(
+      user, lambda: held_out_input(cfg, dataset), partitioner)
+  return ModelParts(
+      train_input=train_input, loss=spec.loss, accuracy=None,
+      evaluate=evaluation.scorer(trained),
+      trainable=tf.compat.v1.trainable_variables(),
+      optimizer=spec.optimizer, training_hooks=tuple(spec.training_hooks),
+      examples=examples)
+
+
+# Batches of the held-out split of a --dataset.
+EVAL_BATCH_SIZE = 1000
+
+
+def held_out_input(cfg: config_lib.Config, dataset: data.DataSet) -> data.Input:
+  """The held-out split a user's model is scored on: its input_fn in EVAL
+  mode, else --dataset's test split."""
+  user = cfg.model.user
+  if user.input_fn is not None:
+    return graphs.eval_input(user)
+  return data.test_input(dataset, EVAL_BATCH_SIZE)
