@@ -22,9 +22,12 @@ EXIT_WAIT_SECS=${PS_TRAINER_EXIT_WAIT_SECS:-60}
 usage() {
   cat <<'EOF'
 Usage:
-  ./launch.sh local [--num_ps=N] [--num_workers=M] [--evaluator] [--no_isolate] [trainer flags...]
+  ./launch.sh local [--num_ps=N] [--num_workers=M] [--evaluator] [--no_isolate] [--program=FILE.py]
+                    [trainer flags...]
       Run a whole cluster on this machine (default 1 PS, 2 workers; worker 0 is the chief and its
       log is shown; --evaluator adds a task scoring each checkpoint into <log_dir>/eval.json).
+      --program runs each task as `python FILE.py`, a script of yours that calls
+      ps_trainer.run(model_fn, input_fn), instead of `python -m ps_trainer`.
       Each task logs to <log_dir>/logs/<job>-<i>.log; --log_dir defaults to a new
       runs/local-YYYYmmdd-HHMMSS. The tasks run in a private network namespace with loopback only
       (--no_isolate: in this machine's network). Exits with the chief's status; Ctrl-C or SIGTERM
@@ -209,6 +212,7 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, I
 
 run_local() {
   local num_ps=1 num_workers=2 log_dir="" isolate=1 evaluator=0 args=() i original=("$@")
+  local program=(-m ps_trainer)
   while (($#)); do
     # The launcher builds the cluster itself; a user's cluster flags would silently fight it.
     if [[ $1 =~ ^--?(no)?(ps_hosts|worker_hosts|job_name|task_index)(=|$) ]]; then
@@ -220,6 +224,9 @@ run_local() {
       --log_dir=*) log_dir=${1#*=} ;;
       --no_isolate) isolate=0 ;;
       --evaluator) evaluator=1 ;;
+      --program=*)
+        program=("${1#*=}")
+        [[ -f ${program[0]} ]] || DIE_STATUS=2 die "--program=${program[0]}: no such file" ;;
       --evaluator=* | --no_isolate=*)
         DIE_STATUS=2 die "${1%%=*} takes no value (got $1): pass ${1%%=*} to turn it on, nothing to leave it off" ;;
       --num_ps | --num_workers | --log_dir)
@@ -266,7 +273,7 @@ run_local() {
   # The chief's command line and the data it reads whole, checked before any task starts (nothing
   # loads TensorFlow): a mistake is one line from the trainer and exit 2, with no cluster started
   # and no log dir left behind.
-  PS_TRAINER_CHECK_ONLY=1 "$PY" -m ps_trainer --job_name=worker --task_index=0 \
+  PS_TRAINER_CHECK_ONLY=1 "$PY" "${program[@]}" --job_name=worker --task_index=0 \
     "${common[@]}" "${args[@]}" || status=$?
   if ((status)); then
     if ((made_log_dir)); then rmdir "$log_dir" 2>/dev/null || true; fi
@@ -280,16 +287,16 @@ run_local() {
   trap 'stop_tasks 2' EXIT   # also on an unexpected error: leave no task behind
   for ((i = 0; i < num_ps; i++)); do
     start_task "ps-$i" "$log_dir/logs/ps-$i.log" \
-      "$PY" -m ps_trainer --job_name=ps --task_index="$i" "${common[@]}" "${args[@]}"
+      "$PY" "${program[@]}" --job_name=ps --task_index="$i" "${common[@]}" "${args[@]}"
   done
   CHIEF=${#TASK_PIDS[@]}
   for ((i = 0; i < num_workers; i++)); do
     start_task "worker-$i" "$log_dir/logs/worker-$i.log" \
-      "$PY" -m ps_trainer --job_name=worker --task_index="$i" "${common[@]}" "${args[@]}"
+      "$PY" "${program[@]}" --job_name=worker --task_index="$i" "${common[@]}" "${args[@]}"
   done
   if ((evaluator)); then
     start_task "evaluator-0" "$log_dir/logs/evaluator-0.log" \
-      "$PY" -m ps_trainer --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
+      "$PY" "${program[@]}" --job_name=evaluator --task_index=0 "${common[@]}" "${args[@]}"
   fi
   msg "local cluster: ps $ps_hosts; workers $worker_hosts (worker-0 is the chief, its log follows); logs in $log_dir/logs/"
   # this_run_log -f, as a simple command: $! is then tail itself, which end_tail waits for.

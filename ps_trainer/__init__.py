@@ -10,6 +10,9 @@ import sys as _sys
 # Keras 2 (tf_keras) builds TF1 graphs; Keras 3 cannot. Before TensorFlow
 # loads, or tf.keras would be Keras 3; a value the user set is kept.
 _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ start-up and session notes would drown the progress lines
+# of a script that imports TensorFlow itself; errors still show.
+_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from ps_trainer.user_model.spec import ModeKeys  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ps_trainer.user_model.spec import ModelSpec  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -167,7 +167,8 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
   def __init__(self, name: str, loss, global_step, train_steps: int,
                examples_per_global_step: int, every_steps: int,
                throughput: Throughput, clock=time.monotonic,
-               examples_seen=None, replicas: int = 1):
+               examples_seen=None, replicas: int = 1, wall_clock=time.time):
+    self._wall_clock = wall_clock
     self._name = name
     self._fetches = {"loss": loss, "global_step": global_step}
     if examples_seen is not None:
@@ -217,8 +218,18 @@ class ProgressHook(tf.compat.v1.train.SessionRunHook):
       rate = (global_step - self._last_line[1]) / seconds if seconds > 0 else 0
       errors.say(f"{self._name}: step {global_step}/{self._train_steps}  "
                  f"loss {self.last_loss:.4f}  {rate:.1f} steps/s  "
-                 f"{rate * self.examples_per_global_step:.0f} examples/s")
+                 f"{rate * self.examples_per_global_step:.0f} examples/s  "
+                 f"{self._when(global_step, rate)}")
       self._last_line = (now, global_step)
+
+  def _when(self, global_step: int, rate: float) -> str:
+    """'14:03:27  eta 1h02m': the wall-clock time of the line and the time
+    left at this line's rate, so a long job's logs read on their own."""
+    now = time.strftime("%H:%M:%S", time.localtime(self._wall_clock()))
+    left = max(self._train_steps - global_step, 0)
+    if rate <= 0:
+      return f"{now}  eta unknown"
+    return f"{now}  eta {duration(left / rate)}"
 
   @property
   def examples_per_global_step(self) -> float:
@@ -302,6 +313,16 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
     if self._progress is not None:
       return self._progress.examples_per_global_step
     return self._examples
+
+
+def duration(secs: float) -> str:
+  """'45s', '12m05s', '3h07m': a span as a progress line gives it."""
+  secs = int(round(secs))
+  if secs < 60:
+    return f"{secs}s"
+  if secs < 3600:
+    return f"{secs // 60}m{secs % 60:02d}s"
+  return f"{secs // 3600}h{secs % 3600 // 60:02d}m"
 
 
 def summary_line(result: dict) -> str:

@@ -46,8 +46,9 @@ def main(argv, functions=None) -> int:
   values = FLAGS.flag_values_dict()
   try:
     if functions is not None:
-      values = dict(values, model=_function_name(functions[0]),
-                    input_fn=_function_name(functions[1]))
+      from ps_trainer.user_model import loading  # pylint: disable=g-import-not-at-top
+      values = dict(values, model=loading.name_of(functions[0]),
+                    input_fn=loading.name_of(functions[1]))
     cfg = config_lib.from_flag_values(values, os.environ.get("TF_CONFIG", ""))
     if not cfg.model.input_fn:  # An input_fn reads its own files.
       config_lib.check_data_flags(values)
@@ -104,18 +105,6 @@ def _run_task(cfg, functions=None) -> int:
   quiet_import.tensorflow()  # Before any module imports it, or TF's notes show.
   from ps_trainer import task  # pylint: disable=g-import-not-at-top
   return task.run(cfg, stop, dataset)
-
-
-def _function_name(function) -> str:
-  """'model.py:model_fn' for a function given to ps_trainer.run(); ''."""
-  if function is None:
-    return ""
-  import inspect  # pylint: disable=g-import-not-at-top
-  try:
-    path = os.path.relpath(inspect.getsourcefile(function) or "")
-  except TypeError:
-    path = getattr(function, "__module__", "") or "function"
-  return f"{path}:{getattr(function, '__name__', 'function')}"
 
 
 def _load_user_model(cfg, functions=None):

@@ -47,17 +47,19 @@ class ModelParts:
   examples: Optional[tf.Tensor] = None
 
 
-def user_model(cfg: config_lib.Config, dataset: data.DataSet) -> ModelParts:
+def user_model(cfg: config_lib.Config, dataset: data.DataSet,
+               global_step: tf.Variable) -> ModelParts:
   """A user's model_fn on its input_fn (or on --dataset), in the default
   graph under the caller's device function. Its large variables are split
-  over the PS tasks (--partition_min_bytes).
+  over the PS tasks (--partition_min_bytes); in a cluster, each PS's
+  variables that the model reads whole cross in one packed read.
 
   Raises:
     ModelFnError: a function broke the contract.
   """
   user = cfg.model.user
-  partitioner = placement.size_partitioner(cfg.num_ps,
-                                           cfg.model.partition_min_bytes)
+  partitioning = placement.size_partitioning_getter(
+      cfg.num_ps, cfg.model.partition_min_bytes)
   if user.input_fn is not None:
     train_input = graphs.train_input(user, cfg.num_workers, cfg.replica_index)
     examples = graphs.batch_size_of(train_input.features)
@@ -67,17 +69,24 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet) -> ModelParts:
         shard_index=cfg.replica_index, seed=cfg.train.seed)
     examples = None
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
-                                   partitioner=partitioner):
+                                   custom_getter=partitioning):
     spec = graphs.call_model_fn(user, train_input.features,
                                 train_input.labels, ModeKeys.TRAIN)
+  trainable = tf.compat.v1.trainable_variables()
+  reads = None
+  if cfg.cluster is not None:
+    # Packed as a built-in model's are, once the model has made them.
+    reads = packing.PackedReads(
+        packing.densely_read(trainable),
+        packing.WIRE_DTYPES[cfg.train.wire_dtype], global_step)
+    packing.reroute_reads(trainable, reads)
   trained = graphs.model_variables(tf.compat.v1.get_default_graph())
   evaluation = graphs.Evaluation(
-      user, lambda: held_out_input(cfg, dataset), partitioner)
+      user, lambda: held_out_input(cfg, dataset), partitioning)
   return ModelParts(
       train_input=train_input, loss=spec.loss, accuracy=None,
       evaluate=evaluation.scorer(trained),
-      trainable=tf.compat.v1.trainable_variables(),
-      optimizer=spec.optimizer, training_hooks=tuple(spec.training_hooks),
+      trainable=trainable, reads=reads, optimizer=spec.optimizer, training_hooks=tuple(spec.training_hooks),
       examples=examples)
 
 

@@ -266,3 +266,50 @@ def _product(a: tf.Tensor, b: tf.Tensor, like: tf.Operation) -> tf.Tensor:
            if name in like.node_def.attr}
   return tf.raw_ops.MatMul(a=a, b=b, transpose_a=True, transpose_b=False,
                            **attrs)
+
+
+def densely_read(variables) -> list:
+  """Those of `variables` that the graph reads whole and never by rows.
+
+  A user's model is built before its reads could be packed (Keras makes its
+  variables as it runs), so its reads are rerouted afterwards
+  (reroute_reads); a variable also read by rows (an embedding lookup) stays
+  out of the packs, which would move all of it every step.
+  """
+  out = []
+  for variable in variables:
+    if not isinstance(variable, tf.Variable) or not hasattr(variable, "handle"):
+      continue
+    uses = {op.type for op in variable.handle.consumers()}
+    if "ReadVariableOp" in uses and not uses & _ROW_READS:
+      out.append(variable)
+  return out
+
+
+_ROW_READS = {"ResourceGather", "ResourceGatherNd", "ResourceSparseApplyAdagrad"}
+
+
+def reroute_reads(variables, reads: PackedReads) -> int:
+  """Makes every op that reads one of `variables` whole take its packed
+  value instead; returns how many reads it rerouted.
+
+  For a model already built (train_graph.py builds a user's model first):
+  the model then reads each PS's variables in one transfer, as a built-in
+  model does through PackedReads.variable_getter. Ops are rewired in place
+  (Operation._update_input; TF's own graph editors do the same) before any
+  session runs the graph.
+  """
+  rerouted = 0
+  for variable in variables:
+    value = reads.value_of(variable)
+    if value is None:
+      continue
+    for read in variable.handle.consumers():
+      if read.type != "ReadVariableOp" or read.name.startswith("packed_reads"):
+        continue
+      for consumer in list(read.outputs[0].consumers()):
+        for index, tensor in enumerate(consumer.inputs):
+          if tensor is read.outputs[0]:
+            consumer._update_input(index, value)  # pylint: disable=protected-access
+            rerouted += 1
+  return rerouted

@@ -95,13 +95,24 @@ def table_partitioner(num_ps: int):
   return tf.compat.v1.fixed_size_partitioner(max(num_ps, 1))
 
 
-def size_partitioner(num_ps: int, min_bytes: int):
-  """Splits a variable larger than `min_bytes` into parts of at least that
-  size, at most one per PS task (TF2's MinSizePartitioner): a user's large
-  tables spread over the PS; its dense layers stay whole, so packing.py can
-  read them in one piece."""
-  return tf.compat.v1.min_max_variable_partitioner(
+def size_partitioning_getter(num_ps: int, min_bytes: int):
+  """A custom getter that splits a get_variable of at least twice
+  `min_bytes` into parts of at least `min_bytes`, at most one per PS task
+  (TF2's MinSizePartitioner): a user's large tables spread over the PS, and
+  every other variable stays whole and keeps its name. A variable given a
+  partitioner of its own keeps it."""
+  partitioner = tf.compat.v1.min_max_variable_partitioner(
       max_partitions=max(num_ps, 1), min_slice_size=min_bytes)
+
+  def partitioning_getter(getter, *args, **kwargs):  # TF passes `getter=`.
+    shape = tf.TensorShape(kwargs.get("shape"))
+    dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
+    if (num_ps > 1 and kwargs.get("partitioner") is None
+        and shape.is_fully_defined() and shape.rank
+        and shape.num_elements() * max(dtype.size, 1) >= 2 * min_bytes):
+      kwargs["partitioner"] = partitioner
+    return getter(*args, **kwargs)
+  return partitioning_getter
 
 
 def device_function(info: cluster_lib.ClusterInfo):

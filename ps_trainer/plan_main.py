@@ -54,19 +54,27 @@ def main(argv) -> int:
     cfg = config_lib.from_flag_values(
         config_lib.planned_worker(values, FLAGS.num_ps, FLAGS.num_workers or 2),
         "")
-    config_lib.check_data_flags(values)
+    if not cfg.model.input_fn:  # An input_fn reads its own files.
+      config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
   from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
   try:  # Before TensorFlow loads too, if numpy alone reads it.
-    dataset = data_sets.read(cfg.data.dataset, cfg.data.data_dir,
-                             cfg.data.data_path)
+    dataset = (data_sets.from_input_fn(cfg.model.input_fn) if cfg.model.input_fn
+               else data_sets.read(cfg.data.dataset, cfg.data.data_dir,
+                                   cfg.data.data_path))
   except data_sets.DataError as e:
     _fail(str(e))
   from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+  from ps_trainer.user_model import loading  # pylint: disable=g-import-not-at-top
+  try:
+    cfg = config_lib.with_user_model(cfg, loading.from_flags(
+        cfg.model.model, cfg.model.input_fn, cfg.model.params))
+  except loading.spec_lib.ModelFnError as e:
+    _fail(str(e))
   from ps_trainer import data  # pylint: disable=g-import-not-at-top
   from ps_trainer import models  # pylint: disable=g-import-not-at-top
   from ps_trainer import plan  # pylint: disable=g-import-not-at-top
@@ -75,7 +83,7 @@ def main(argv) -> int:
       dataset = data.load(cfg.data.dataset, cfg.data.data_dir,
                           cfg.data.data_path)
     result = plan.make(cfg, dataset)
-  except (data.DataError, models.ModelError) as e:
+  except (data.DataError, models.ModelError, loading.spec_lib.ModelFnError) as e:
     _fail(str(e))
   if FLAGS.format == "json":
     print(json.dumps(result, indent=1))

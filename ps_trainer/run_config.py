@@ -31,7 +31,7 @@ def of(cfg: config_lib.Config) -> dict:
       "dataset": None if model.input_fn else cfg.data.dataset,
       "data_dir": cfg.data.data_dir or None,
       "data_path": cfg.data.data_path or None,
-      "batch_size": cfg.data.batch_size,
+      "batch_size": None if model.input_fn else cfg.data.batch_size,
       "optimizer": train.optimizer,
       "learning_rate": train.learning_rate,
       "train_steps": train.train_steps,

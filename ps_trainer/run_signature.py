@@ -49,7 +49,19 @@ def of(cfg, input_shape, num_classes: int, variables=None) -> dict:
       "train_steps": cfg.train.train_steps,
       "num_workers": cfg.num_workers,
       "num_ps": cfg.num_ps,
+      "hosts": _hosts(cfg.cluster),
   }
+
+
+def _hosts(cluster) -> Optional[str]:
+  """"ps: h:1,h:2; worker: h:3,h:4": every host list of the training
+  cluster. None in local mode and in a sparse cluster, where each task
+  knows only some of them."""
+  if cluster is None or cluster.sparse:
+    return None
+  return "; ".join(
+      f"{job}: {','.join(tasks[i] for i in sorted(tasks))}"
+      for job, tasks in sorted(cluster.jobs.items()))
 
 
 def _model_file_digest(model: str) -> Optional[str]:

@@ -54,9 +54,9 @@ class TrainGraph:
   own_signature: dict
   # A user's model_fn's own SessionRunHooks, for every replica.
   training_hooks: tuple = ()
-  # Examples this worker's input yielded so far (a local variable), when the
-  # batch size is the input's own (a user's input_fn); else None.
-  examples_seen: Optional[tf.Variable] = None
+  # Examples this worker's input yielded so far, this step's included, when
+  # the batch size is the input's own (a user's input_fn); else None.
+  examples_seen: Optional[tf.Tensor] = None
 
 
 def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
@@ -80,7 +80,7 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
       if user is None:
         model = _built_in_model(cfg, dataset, global_step)
       else:
-        model = model_parts.user_model(cfg, dataset)
+        model = model_parts.user_model(cfg, dataset, global_step)
       train_input, reads = model.train_input, model.reads
       global_step_read = _cache_global_step_read(
           graph, global_step, reads.global_step if reads else None)
@@ -156,15 +156,16 @@ def _built_in_model(cfg, dataset, global_step) -> model_parts.ModelParts:
 
 
 def _count_examples(train_op, examples: tf.Tensor, info):
-  """(the train op, also adding the batch's examples to a local counter on
-  this worker, the counter): no transfer, it stays beside the input."""
+  """(the train op, which also adds the batch's examples to a local counter
+  on this worker, the count after this step): no transfer, it stays beside
+  the input. Fetching the count runs the step's own addition first."""
   with tf.compat.v1.device(info.task_device if info else None):
     counter = tf.compat.v1.get_local_variable(
         "ps_trainer/examples_seen", initializer=tf.constant(0, tf.int64),
         trainable=False)
     with tf.control_dependencies([train_op]):
-      count = counter.assign_add(examples, read_value=False)
-  return tf.group(train_op, count, name="train_and_count"), counter
+      count = counter.assign_add(examples)
+  return tf.group(train_op, count, name="train_and_count"), count
 
 
 def _update(cfg: config_lib.Config, loss, trainable, reads, global_step,

@@ -379,13 +379,17 @@ def _sync_hook(cfg, tg: train_graph.TrainGraph, target: str, session_config,
 
 
 def _result_fields(cfg: config_lib.Config) -> dict:
+  """result.json's settings; with an input_fn, the input's own batches
+  count (examples_per_sec), so there is no --dataset or --batch_size."""
+  own_input = bool(cfg.model.input_fn)
   return dict(
-      config=run_config.of(cfg),
+      config=run_config.of(cfg), input_fn=cfg.model.input_fn or None,
       sync_replicas=cfg.train.sync_replicas,
       replicas_to_aggregate=cfg.train.replicas_to_aggregate,
       num_workers=cfg.num_workers, num_ps=cfg.num_ps,
       mode="cluster" if cfg.cluster else "local",
-      model=cfg.model.model, dataset=cfg.data.dataset,
-      batch_size=cfg.data.batch_size, optimizer=cfg.train.optimizer,
+      model=cfg.model.model, dataset=None if own_input else cfg.data.dataset,
+      batch_size=None if own_input else cfg.data.batch_size,
+      optimizer=cfg.train.optimizer,
       learning_rate=cfg.train.learning_rate,
       train_steps=cfg.train.train_steps)

@@ -100,7 +100,7 @@ def reachable(address: str, timeout_secs: float = 1.0) -> bool:
   host, _, port = address.rpartition(":")
   host = host.strip("[]")
   if _is_ip(host):
-    return _connects(host, port, timeout_secs)
+    return _connects(address, host, port, timeout_secs)
   with _lookups_lock:
     # One try at a time for an address: under a resolver that does not
     # answer, a thread a call would pile up, each living its timeouts.
@@ -108,7 +108,8 @@ def reachable(address: str, timeout_secs: float = 1.0) -> bool:
     if lookup is None or not lookup.is_alive():
       answer = []
       lookup = threading.Thread(
-          target=lambda: answer.append(_connects(host, port, timeout_secs)),
+          target=lambda: answer.append(
+              _connects(address, host, port, timeout_secs)),
           name="ps_trainer_reachable", daemon=True)  # No TensorFlow in it.
       _lookups[address] = (lookup, answer)
       lookup.start()
@@ -128,12 +129,34 @@ def _is_ip(host: str) -> bool:
   return True
 
 
-def _connects(host: str, port: str, timeout_secs: float) -> bool:
+def _connects(address: str, host: str, port: str, timeout_secs: float) -> bool:
+  """Whether host:port accepts a connection; notes in _refused whether its
+  last try was refused (nothing listens there) rather than unanswered."""
   try:
     with socket.create_connection((host, int(port)), timeout=timeout_secs):
+      _refused.discard(address)
       return True
-  except (OSError, ValueError):
+  except ConnectionRefusedError:
+    _refused.add(address)
     return False
+  except (OSError, ValueError):
+    _refused.discard(address)
+    return False
+
+
+# Addresses whose last try was refused: a host that is up, with nothing
+# listening on the port (a task not started, or started on another port).
+_refused = set()
+
+
+def describe_missing(named: dict) -> str:
+  """As describe, saying which addresses refuse connections: "ps 1 at
+  h:2222 (connection refused at h:2222: nothing listens there)"."""
+  return ", ".join(
+      f"{name} at {address}" + (
+          f" (connection refused at {address}: nothing listens there)"
+          if address in _refused else "")
+      for name, address in named.items())
 
 
 def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
@@ -149,8 +172,8 @@ def wait_for_addresses(named: dict, timeout_secs: float, **kwargs) -> None:
   """
   missing = dict(named)
   try:
-    wait_until(lambda: _drop_reachable(missing), lambda: describe(missing),
-               timeout_secs, **kwargs)
+    wait_until(lambda: _drop_reachable(missing),
+               lambda: describe_missing(missing), timeout_secs, **kwargs)
   except WaitTimeout as timeout:
     raise WaitTimeout(str(timeout), missing) from None
 

@@ -165,7 +165,10 @@ class BadInputTest(parameterized.TestCase):
     script = (
         "import errno, os, runpy, sys\n"
         "from ps_trainer import output_dir\n"
+        "write_json = output_dir.write_json\n"
         "def fails(path, value):\n"
+        "  if not path.endswith('result.json'):\n"
+        "    return write_json(path, value)\n"
         f"  raise OSError(errno.{error}, os.strerror(errno.{error}), path)\n"
         "output_dir.write_json = fails\n"
         f"sys.argv = ['ps_trainer', '--dataset=synthetic', '{SHORT}', '--log_dir={tmp}/run']\n"

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import time
 
 from absl.testing import absltest
 
@@ -104,6 +105,30 @@ class ProgressHookTest(absltest.TestCase):
     # Resumed with a smaller --train_steps: not "62045 of 60000".
     self.assertEqual(self.started_at(62045),
                      "chief: starting at global step 62045, already past --train_steps=60000\n")
+
+
+  def test_a_progress_line_gives_the_time_of_day_and_the_time_left(self):
+    clock = testutil.ManualClock()
+    wall = time.mktime((2026, 12, 7, 14, 3, 27, 0, 0, -1))
+    hook = hooks.ProgressHook("chief", "loss", "gs", train_steps=60000, examples_per_global_step=64,
+                              every_steps=2, throughput=hooks.Throughput(train_steps=60000),
+                              clock=clock, wall_clock=lambda: wall)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+      for step in (1000, 1010):  # 10 global steps in 2 s: 5 steps/s, 58990 left.
+        hook.after_run(None, _RunValues(step))
+        clock.now += 2.0
+    self.assertEqual(output.getvalue(), "chief: step 1010/60000  loss 0.5000  5.0 steps/s  320 "
+                     "examples/s  14:03:27  eta 3h16m\n")
+
+  def test_durations_read_as_a_person_writes_them(self):
+    self.assertEqual([hooks.duration(s) for s in (0.4, 45, 725, 11220)],
+                     ["0s", "45s", "12m05s", "3h07m"])
+
+
+class _RunValues:
+  def __init__(self, global_step):
+    self.results = {"loss": 0.5, "global_step": global_step}
 
 
 class ResultHookTest(absltest.TestCase):

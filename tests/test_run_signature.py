@@ -72,5 +72,31 @@ class RunSignatureTest(absltest.TestCase):
     self.assertIn("unreadable", run_signature.mismatch(self.signature(), "{"))
 
 
+  def test_other_host_lists_are_refused(self):
+    cfg = testutil.make_config(
+        "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2,127.0.0.1:4",
+        "--job_name=worker", "--task_index=1")
+    message = run_signature.mismatch(run_signature.of(cfg, (8, 8, 1), 10),
+                                     run_signature.encode(self.signature()))
+    self.assertIn("hosts: ps: 127.0.0.1:1; worker: 127.0.0.1:2,127.0.0.1:4 here but ps: "
+                  "127.0.0.1:1; worker: 127.0.0.1:2,127.0.0.1:3 on the chief", message)
+
+  def test_a_users_model_with_other_variables_or_params_is_refused(self):
+    class Variable:  # What of() reads of a variable.
+      def __init__(self, name, shape):
+        self.op = type("Op", (), {"name": name})()
+        self.shape = type("Shape", (), {"as_list": lambda _: shape})()
+        self.dtype = type("DType", (), {"base_dtype": type("D", (), {"name": "float32"})()})()
+    cfg = testutil.make_config("--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2",
+                               "--job_name=worker", "--task_index=0", "--log_dir=/tmp/x",
+                               "--model=my_model:model_fn", '--params={"units": 8}')
+    chief = run_signature.of(cfg, (), 0, variables=[Variable("dense/kernel", [6, 8])])
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, params='{"units": 16}'))
+    own = run_signature.of(other, (), 0, variables=[Variable("dense/kernel", [6, 16])])
+    message = run_signature.mismatch(own, run_signature.encode(chief))
+    self.assertIn("model variables: dense/kernel [6, 16] float32 here but dense/kernel [6, 8] "
+                  "float32 on the chief", message)
+    self.assertIn('params: {"units": 16} here but {"units": 8} on the chief', message)
+
 if __name__ == "__main__":
   absltest.main()

@@ -94,7 +94,8 @@ class WaitsTest(absltest.TestCase):
         waits.wait_for_addresses({"ps 0": open_address, "ps 1": closed_address}, 2.0,
                                  clock=clock.now, sleep=clock.sleep)
     self.assertEqual(str(raised.exception),
-                     f"gave up after 2 s waiting for ps 1 at {closed_address}")
+                     f"gave up after 2 s waiting for ps 1 at {closed_address} (connection refused "
+                     f"at {closed_address}: nothing listens there)")
     self.assertEqual(raised.exception.missing, {"ps 1": closed_address})
 
 

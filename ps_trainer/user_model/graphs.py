@@ -8,6 +8,7 @@ same, so values move between the graphs by variable name.
 """
 
 import os
+import sys
 from typing import Callable, Dict, Optional
 
 import tensorflow as tf
@@ -38,9 +39,57 @@ def call_model_fn(user: loading.UserModel, features, labels,
   available = dict(features=features, labels=labels, mode=mode,
                    params=user.params_dict())
   where = f"--model={user.model_name}"
+  graph = tf.compat.v1.get_default_graph()
+  before = {op.name for op in graph.get_operations()}
+  keras3_before = _keras3_objects()
   result = _guarded(lambda: spec_lib.call_with_named_args(
       user.model_fn, available, loading.MODEL_FN_ARGS, where), where, mode)
+  if _keras3_objects() != keras3_before:
+    raise spec_lib.ModelFnError(_KERAS3_MESSAGE.format(where=where))
+  _check_variables_are_collected(graph, before, where)
   return spec_lib.check(result, mode, where)
+
+
+_KERAS3_MESSAGE = (
+    "{where} uses Keras 3 (`import keras`), which cannot build TF1 graphs "
+    "(its layers are named anew in each graph, so no checkpoint fits the "
+    "evaluation or the export); use tf.keras (Keras 2 through tf_keras, "
+    "selected by TF_USE_LEGACY_KERAS=1, which ps_trainer sets) or "
+    "tf.compat.v1.layers")
+
+
+def _keras3_objects() -> dict:
+  """Keras 3's count of the layers (and other objects) it has named so far,
+  by kind; {} when Keras 3 is not loaded. A model_fn that changes it built
+  Keras 3 layers."""
+  state = sys.modules.get("keras.src.backend.common.global_state")
+  if state is None:
+    return {}
+  return dict(state.get_global_attribute("object_name_uids", default={}) or {})
+
+
+def _check_variables_are_collected(graph: tf.Graph, before: set,
+                                   where: str) -> None:
+  """Variables the call made outside GLOBAL_VARIABLES (Keras 3 makes them
+  so) would never be initialized, placed as variables or saved.
+
+  Raises:
+    ModelFnError: naming them, and Keras 3 when it is loaded.
+  """
+  collected = {v.op.name for v in graph.get_collection(
+      tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+  collected |= {v.op.name for v in graph.get_collection(
+      tf.compat.v1.GraphKeys.LOCAL_VARIABLES)}
+  stray = sorted(op.name for op in graph.get_operations()
+                 if op.type in ("VarHandleOp", "VariableV2")
+                 and op.name not in before and op.name not in collected)
+  if not stray:
+    return
+  raise spec_lib.ModelFnError(
+      f"{where} made variables outside tf.compat.v1's global and local "
+      f"collections ({', '.join(stray[:3])}): the trainer can neither "
+      "initialize nor save them; make them with tf.compat.v1.get_variable, "
+      "tf.compat.v1.layers or tf.keras layers")
 
 
 def call_input_fn(user: loading.UserModel, mode: str,
@@ -83,11 +132,7 @@ def _guarded(call: Callable, where: str, mode: str):
     if os.environ.get(TRACEBACK_ENV):
       raise
     if _is_keras3(e):
-      raise spec_lib.ModelFnError(
-          f"{where} uses Keras 3, which cannot build TF1 graphs; use "
-          "tf.keras (Keras 2 through tf_keras, which ps_trainer selects with "
-          "TF_USE_LEGACY_KERAS=1) or tf.compat.v1.layers, not `import "
-          "keras`") from None
+      raise spec_lib.ModelFnError(_KERAS3_MESSAGE.format(where=where)) from None
     raise spec_lib.ModelFnError(
         f"{where} raised in mode {mode!r}: {loading.describe_exception(e)} "
         f"({TRACEBACK_ENV}=1 shows the traceback)") from None
@@ -150,15 +195,16 @@ class Evaluation:
   """
 
   def __init__(self, user: loading.UserModel,
-               make_input: Callable[[], data.Input], partitioner=None):
+               make_input: Callable[[], data.Input], custom_getter=None):
     """Builds the graph.
 
     Args:
       user: the UserModel.
       make_input: builds the held-out input in the default graph.
-      partitioner: the training graph's, so that names match it when values
-        move from the training session (None: whole variables, for a graph
-        that restores checkpoints, which assemble any partitioning).
+      custom_getter: the training graph's partitioning, so that names match
+        it when values move from the training session (None: whole
+        variables, for a graph that restores checkpoints, which assemble
+        any partitioning).
 
     Raises:
       ModelFnError: as call_model_fn.
@@ -168,7 +214,7 @@ class Evaluation:
       self.global_step = tf.compat.v1.train.get_or_create_global_step()
       self.input = make_input()
       with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
-                                       partitioner=partitioner):
+                                       custom_getter=custom_getter):
         spec = call_model_fn(user, self.input.features, self.input.labels,
                              ModeKeys.EVAL)
       examples = batch_size_of(self.input.features)
@@ -185,6 +231,11 @@ class Evaluation:
                               count_update)
       self._reset = tf.compat.v1.local_variables_initializer()
       self.variables = model_variables(self.graph)
+      self._loads = {}  # name -> (placeholder, assign op): values moved in.
+      for name, variable in self.variables.items():
+        value = tf.compat.v1.placeholder(variable.dtype.base_dtype,
+                                         variable.shape)
+        self._loads[name] = (value, variable.assign(value, read_value=False))
       self.saver = tf.compat.v1.train.Saver(
           list(self.variables.values()) + [self.global_step], sharded=False)
 
@@ -230,8 +281,9 @@ class Evaluation:
     def score(train_session) -> dict:
       values = train_session.run(fetches)
       with tf.compat.v1.Session(graph=self.graph) as session:
-        for name, variable in self.variables.items():
-          variable.load(values[name], session)
+        session.run([assign for _, assign in self._loads.values()],
+                    {value: values[name]
+                     for name, (value, _) in self._loads.items()})
         return self.evaluate(session)
     return score
 

@@ -42,6 +42,19 @@ class UserModel:
     return json.loads(self.params)
 
 
+def name_of(function: Optional[Callable]) -> str:
+  """'model.py:model_fn': names a function given as a callable (ps_trainer.run,
+  ps_trainer.testing) as --model would; "" for None."""
+  if function is None:
+    return ""
+  import inspect  # pylint: disable=g-import-not-at-top
+  try:
+    path = os.path.relpath(inspect.getsourcefile(function) or "")
+  except (TypeError, ValueError):
+    path = getattr(function, "__module__", "") or "function"
+  return f"{path}:{getattr(function, '__name__', 'function')}"
+
+
 def is_function_spec(text: str) -> bool:
   """Whether a --model value names a function rather than a built-in."""
   return ":" in text
