@@ -6,11 +6,9 @@ import os
 import sys
 import tempfile
 
-# TF 2.21 imports Keras 3 eagerly (and Keras imports matplotlib.pyplot when it
-# is installed, as it is for `launch.sh compare`): about 0.6 s of CPU at every
-# task's start, for a library that has no TF1 graph API and that nothing here
-# uses. Told to route tf.keras to the legacy tf_keras package, which is not
-# installed, TF skips that import; only touching tf.keras would then fail.
+# TF 2.21 routes tf.keras to Keras 3 unless told to use the legacy tf_keras
+# package (Keras 2), the one whose layers build TF1 graphs for a user's
+# model_fn. ps_trainer/__init__.py sets the same switch first.
 _KERAS_SWITCH = "TF_USE_LEGACY_KERAS"
 
 
