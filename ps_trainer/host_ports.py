@@ -6,7 +6,8 @@ one machine and port cannot both listen, so duplicates are refused here too.
 """
 
 import re
-from typing import Sequence
+import socket
+from typing import List, Sequence
 
 _HOST_PORT = re.compile(r"(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):([0-9]+)")
 # One machine's own addresses: a server listening on one listens on them all.
@@ -79,3 +80,24 @@ def check_unique(where: str, addresses: Sequence[str]) -> None:
       raise ClusterError(f"{where}: {address} {same}; every task needs its "
                          "own host:port")
     seen[key] = address
+
+
+def free_ports(count: int) -> List[int]:
+  """`count` distinct TCP ports free right now, for servers on this machine.
+
+  All the sockets are held open together, so the kernel cannot hand out one
+  port twice. They bind the wildcard address because a TF server listens on
+  0.0.0.0:PORT whatever host the cluster names: a port free only on
+  127.0.0.1 could still be taken. Free now is not free later: a caller that
+  binds them retries with fresh ones if one was taken in between.
+  """
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind(("", 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()

@@ -16,7 +16,6 @@ process exits; each call starts fresh ones.
 import contextlib
 import dataclasses
 import os
-import socket
 import tempfile
 import threading
 from typing import Callable, Dict, Iterator, List, Optional
@@ -26,6 +25,7 @@ from absl import flags as absl_flags
 from ps_trainer import cluster as cluster_lib
 from ps_trainer import config as config_lib
 from ps_trainer import flags as flags_lib
+from ps_trainer import host_ports
 from ps_trainer import quiet_import
 from ps_trainer.user_model import loading
 
@@ -79,7 +79,7 @@ def local_cluster(num_ps: int = 1, num_workers: int = 1
   """
   tf.compat.v1.disable_eager_execution()
   for attempt in range(_PORT_ATTEMPTS):
-    hosts = [f"127.0.0.1:{port}" for port in _free_ports(num_ps + num_workers)]
+    hosts = [f"127.0.0.1:{port}" for port in host_ports.free_ports(num_ps + num_workers)]
     cluster = LocalCluster(",".join(hosts[:num_ps]), ",".join(hosts[num_ps:]),
                            (), ())
     try:
@@ -99,21 +99,6 @@ def local_cluster(num_ps: int = 1, num_workers: int = 1
       ps_flags.init_done_flags(target, cluster.info("ps", i))
     yield cluster
     return
-
-
-def _free_ports(count: int) -> List[int]:
-  """`count` distinct ports free right now (held open together while
-  picked, so none comes twice)."""
-  sockets = []
-  try:
-    for _ in range(count):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind(("", 0))
-      sockets.append(s)
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
 
 
 def config(model_fn: Callable, input_fn: Optional[Callable] = None,

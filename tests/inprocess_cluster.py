@@ -13,15 +13,8 @@ TF servers cannot be stopped: they live until the process exits, so a test that 
 
 from typing import List
 
-import tensorflow as tf
-
 from ps_trainer import cluster
-from ps_trainer import ps_flags
-from ps_trainer import server as server_lib
-import testutil
-
-_SERVERS: List[tf.distribute.Server] = []  # Referenced, so nothing tears one down early.
-_PORT_ATTEMPTS = 3
+from ps_trainer import testing
 
 
 class InProcessCluster:
@@ -29,32 +22,21 @@ class InProcessCluster:
 
   `ps_hosts` and `worker_hosts` are the flag values a trainer task would get; `info(job, i)` is
   that task's ClusterInfo, `targets[i]` worker i's session target. Each PS starts the way run_ps
-  starts it (its done flags zeroed), so the trainer's end-of-run protocol works against it.
+  starts it (its done flags zeroed), so the trainer's end-of-run protocol works against it. The
+  servers are ps_trainer.testing.local_cluster's, which users' tests start the same way.
   """
 
   def __init__(self, num_ps: int, num_workers: int):
-    for attempt in range(_PORT_ATTEMPTS):
-      hosts = [f"127.0.0.1:{p}" for p in testutil.pick_free_ports(num_ps + num_workers)]
-      self.ps_hosts = ",".join(hosts[:num_ps])
-      self.worker_hosts = ",".join(hosts[num_ps:])
-      try:
-        # Quiet: one warning per server would bury a failing test's output.
-        servers = [server_lib.start_server(self.info(job, i), warn_if_exposed=False)
-                   for job, count in (("ps", num_ps), ("worker", num_workers))
-                   for i in range(count)]
-      except server_lib.ServerError:  # A port taken between picking and binding it.
-        if attempt == _PORT_ATTEMPTS - 1:
-          raise
-        continue
-      _SERVERS.extend(servers)
-      self.ps_targets = [s.target for s in servers[:num_ps]]
-      self.targets = [s.target for s in servers[num_ps:]]
-      for i, target in enumerate(self.ps_targets):
-        ps_flags.init_done_flags(target, self.info("ps", i))
-      return
+    # The servers outlive the block: TF cannot stop them.
+    with testing.local_cluster(num_ps, num_workers) as started:
+      self._cluster = started
+    self.ps_hosts = started.ps_hosts
+    self.worker_hosts = started.worker_hosts
+    self.ps_targets: List[str] = list(started.ps_targets)
+    self.targets: List[str] = list(started.worker_targets)
 
   def info(self, job_name: str, task_index: int) -> cluster.ClusterInfo:
-    return cluster.from_flags(self.ps_hosts, self.worker_hosts, job_name, task_index)
+    return self._cluster.info(job_name, task_index)
 
   def host_flags(self) -> List[str]:
     """--ps_hosts and --worker_hosts, for testutil.make_config."""

@@ -18,7 +18,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import shutil
 import sys
@@ -42,22 +41,9 @@ class ManualClock:
 
 
 def pick_free_ports(n: int) -> List[int]:
-  """Returns n distinct ports that are free right now.
-
-  All n sockets are held open together, so the kernel cannot hand out the same port twice. They
-  bind the wildcard address because the TF server listens on 0.0.0.0:PORT whatever host the cluster
-  spec names; a port free only on 127.0.0.1 could still be taken elsewhere.
-  """
-  socks = []
-  try:
-    for _ in range(n):
-      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      s.bind(("", 0))
-      socks.append(s)
-    return [s.getsockname()[1] for s in socks]
-  finally:
-    for s in socks:
-      s.close()
+  """Returns n distinct ports that are free right now (host_ports.free_ports)."""
+  from ps_trainer import host_ports  # pylint: disable=g-import-not-at-top
+  return host_ports.free_ports(n)
 
 
 def cluster_hosts(num_ps: int, num_workers: int) -> Dict[str, str]:
