@@ -14,8 +14,10 @@ _os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 # of a script that imports TensorFlow itself; errors still show.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from ps_trainer.user_model.spec import ModeKeys  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ps_trainer.user_model.spec import ModelSpec  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from ps_trainer.user_model.spec import ModeKeys
+from ps_trainer.user_model.spec import ModelSpec
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 __all__ = ["ModeKeys", "ModelSpec", "run"]
 

@@ -86,8 +86,8 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet,
   return ModelParts(
       train_input=train_input, loss=spec.loss, accuracy=None,
       evaluate=evaluation.scorer(trained),
-      trainable=trainable, reads=reads, optimizer=spec.optimizer, training_hooks=tuple(spec.training_hooks),
-      examples=examples)
+      trainable=trainable, reads=reads, optimizer=spec.optimizer,
+      training_hooks=tuple(spec.training_hooks), examples=examples)
 
 
 # Batches of the held-out split of a --dataset.
