@@ -49,6 +49,11 @@ class ClusterInfo:
   num_ps: int
   sparse: bool = False
 
+  def hosts_by_job(self) -> dict:
+    """job -> its "host:port" list in task order, jobs by name."""
+    return {job: [tasks[i] for i in sorted(tasks)]
+            for job, tasks in sorted(self.jobs.items())}
+
   @property
   def has_chief_job(self) -> bool:
     return "chief" in self.jobs

@@ -196,18 +196,10 @@ def _params(values: Mapping) -> str:
 
 
 def _check_user_functions(model: str, input_fn: str) -> None:
-  """The form of --model=PATH.py:FN and --input_fn, and that their files
-  exist: one line before TensorFlow loads."""
+  """loading.check_flags, as a ConfigError: one line before TensorFlow
+  loads."""
   try:
-    if input_fn and not loading.is_function_spec(model):
-      raise loading.spec_lib.ModelFnError(
-          f"--input_fn={input_fn} needs your own model to read its "
-          f"features, and --model={model} is built in; pass "
-          "--model=PATH.py:FUNCTION too")
-    if loading.is_function_spec(model):
-      loading.check_spec_text(model, "model")
-    if input_fn:
-      loading.check_spec_text(input_fn, "input_fn")
+    loading.check_flags(model, input_fn)
   except loading.spec_lib.ModelFnError as e:
     raise ConfigError(str(e)) from None
 

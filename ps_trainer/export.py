@@ -178,6 +178,9 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
   graph = tf.Graph()
   with graph.as_default():
     if cfg.model.user is not None:
+      # As Estimator gave every graph one: a model_fn may read it in any mode.
+      # Not restored (the model's variables are), but set to 0 before saving.
+      tf.compat.v1.train.get_or_create_global_step()
       inputs, outputs = _user_model_serving(cfg, dataset)
     else:
       inputs, outputs = _built_in_serving(cfg, dataset)
@@ -191,6 +194,8 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
         inputs=inputs, outputs=outputs)
     with tf.compat.v1.Session(graph=graph) as session:
       restore.restore(session, checkpoint)
+      session.run([v.initializer for v in tf.compat.v1.global_variables()
+                   if v not in model_variables])
       builder = tf.compat.v1.saved_model.Builder(export_dir)
       builder.add_meta_graph_and_variables(
           session, [tf.saved_model.SERVING],

@@ -121,11 +121,8 @@ def _load_user_model(cfg, functions=None):
   from ps_trainer.user_model import spec  # pylint: disable=g-import-not-at-top
   try:
     if functions is not None:
-      loading.quiet_layer_deprecations()
-      user = loading.UserModel(
-          model_fn=functions[0], input_fn=functions[1],
-          params=cfg.model.params, model_name=cfg.model.model,
-          input_name=cfg.model.input_fn)
+      user = loading.from_functions(*functions, cfg.model.params,
+                                    cfg.model.model, cfg.model.input_fn)
     else:
       user = loading.from_flags(cfg.model.model, cfg.model.input_fn,
                                 cfg.model.params)

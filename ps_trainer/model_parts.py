@@ -68,10 +68,21 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet,
         dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
         shard_index=cfg.replica_index, seed=cfg.train.seed)
     examples = None
+  graph = tf.compat.v1.get_default_graph()
+  updates_before = set(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
                                    custom_getter=partitioning):
     spec = graphs.call_model_fn(user, train_input.features,
                                 train_input.labels, ModeKeys.TRAIN)
+  # Batch normalization's moving statistics, as Estimator users made their
+  # train op wait for them: here the trainer builds the train op, so the loss
+  # it minimizes waits for them instead.
+  updates = [op for op in graph.get_collection(
+      tf.compat.v1.GraphKeys.UPDATE_OPS) if op not in updates_before]
+  loss = spec.loss
+  if updates:
+    with tf.control_dependencies(updates):
+      loss = tf.identity(loss, name="loss_after_updates")
   trainable = tf.compat.v1.trainable_variables()
   reads = None
   if cfg.cluster is not None:
@@ -84,7 +95,7 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet,
   evaluation = graphs.Evaluation(
       user, lambda: held_out_input(cfg, dataset), partitioning)
   return ModelParts(
-      train_input=train_input, loss=spec.loss, accuracy=None,
+      train_input=train_input, loss=loss, accuracy=None,
       evaluate=evaluation.scorer(trained),
       trainable=trainable, reads=reads, optimizer=spec.optimizer,
       training_hooks=tuple(spec.training_hooks), examples=examples)

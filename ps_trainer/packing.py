@@ -281,17 +281,22 @@ def densely_read(variables) -> list:
     if not isinstance(variable, tf.Variable) or not hasattr(variable, "handle"):
       continue
     uses = {op.type for op in variable.handle.consumers()}
-    if "ReadVariableOp" in uses and not uses & _ROW_READS:
+    if "ReadVariableOp" in uses and uses <= _WHOLE_READS:
       out.append(variable)
   return out
 
 
-_ROW_READS = {"ResourceGather", "ResourceGatherNd", "ResourceSparseApplyAdagrad"}
+# What may use a variable that reroute_reads packs: its reads, made its
+# packed value, and its own set-up. Any other use (a row lookup, a control
+# flow or function that captured it) would bypass the packed value, and its
+# gradient would be lost.
+_WHOLE_READS = {"ReadVariableOp", "AssignVariableOp", "VarIsInitializedOp"}
 
 
 def reroute_reads(variables, reads: PackedReads) -> int:
-  """Makes every op that reads one of `variables` whole take its packed
-  value instead; returns how many reads it rerouted.
+  """Makes every op that takes a ReadVariableOp of one of `variables` take
+  its packed value instead; returns how many inputs it rerouted. Give it
+  densely_read's variables, whose every use is such a read.
 
   For a model already built (train_graph.py builds a user's model first):
   the model then reads each PS's variables in one transfer, as a built-in

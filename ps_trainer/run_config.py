@@ -42,18 +42,10 @@ def of(cfg: config_lib.Config) -> dict:
       "factored_gradients": train.factored_gradients,
       "num_workers": cfg.num_workers,
       "num_ps": cfg.num_ps,
-      "cluster": _hosts(cfg),
+      "cluster": cfg.cluster.hosts_by_job() if cfg.cluster else {},
       "git_commit": git_commit(),
       "tensorflow_version": _tensorflow_version(),
   }
-
-
-def _hosts(cfg: config_lib.Config) -> dict:
-  """job -> its hosts in task order ({} in local mode)."""
-  if cfg.cluster is None:
-    return {}
-  return {job: [tasks[i] for i in sorted(tasks)]
-          for job, tasks in sorted(cfg.cluster.jobs.items())}
 
 
 def write(cfg: config_lib.Config) -> str:
@@ -69,6 +61,14 @@ def git_commit() -> Optional[str]:
   it has changes; None outside a git checkout (an installed package)."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
+    # Installed in a virtual environment inside another project's checkout,
+    # the package is in no checkout of its own: that project's commit is not
+    # this code's.
+    top = subprocess.run(
+        ["git", "-C", root, "rev-parse", "--show-toplevel"],
+        capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    if os.path.realpath(top) != os.path.realpath(root):
+      return None
     commit = subprocess.run(
         ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
         text=True, timeout=10, check=True).stdout.strip()

@@ -59,9 +59,19 @@ def _hosts(cluster) -> Optional[str]:
   knows only some of them."""
   if cluster is None or cluster.sparse:
     return None
-  return "; ".join(
-      f"{job}: {','.join(tasks[i] for i in sorted(tasks))}"
-      for job, tasks in sorted(cluster.jobs.items()))
+  return "; ".join(f"{job}: {','.join(hosts)}"
+                   for job, hosts in cluster.hosts_by_job().items())
+
+
+def _model_name(model: str) -> str:
+  """--model as every host can agree on it: a file by its name, not by a
+  path that depends on where each task was started (its content is compared
+  by _model_file_digest)."""
+  import os  # pylint: disable=g-import-not-at-top
+  path, colon, function = model.rpartition(":")
+  if colon and path.endswith(".py"):
+    return f"{os.path.basename(path)}:{function}"
+  return model
 
 
 def _model_file_digest(model: str) -> Optional[str]:

@@ -10,7 +10,9 @@ For pytest or tf.test.TestCase files:
 Everything runs in the calling process: one TensorFlow import, servers on
 127.0.0.1, the trainer's real graph and session code for every worker in a
 thread of its own. TensorFlow cannot stop a server, so servers live until the
-process exits; each call starts fresh ones.
+process exits; each call starts fresh ones. Like the trainer, these helpers
+switch the process to graph mode (tf.compat.v1.disable_eager_execution):
+keep eager TF2 tests in files of their own.
 """
 
 import contextlib
@@ -120,12 +122,9 @@ def config(model_fn: Callable, input_fn: Optional[Callable] = None,
     values.update(ps_hosts=cluster.ps_hosts, worker_hosts=cluster.worker_hosts,
                   job_name="worker", task_index=worker)
   cfg = config_lib.from_flag_values(values, "")
-  user = loading.UserModel(model_fn=model_fn, input_fn=input_fn,
-                           params=cfg.model.params,
-                           model_name=cfg.model.model,
-                           input_name=cfg.model.input_fn)
-  loading.quiet_layer_deprecations()
-  return config_lib.with_user_model(cfg, user)
+  return config_lib.with_user_model(cfg, loading.from_functions(
+      model_fn, input_fn, cfg.model.params, cfg.model.model,
+      cfg.model.input_fn))
 
 
 def placement(model_fn: Callable, input_fn: Optional[Callable] = None,

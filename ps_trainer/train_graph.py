@@ -23,7 +23,6 @@ from ps_trainer import run_signature
 from ps_trainer import sync_replicas
 from ps_trainer import waits
 
-EVAL_BATCH_SIZE = model_parts.EVAL_BATCH_SIZE
 # Names the check that stops a run whose loss is no longer a number.
 LOSS_CHECK_NAME = "loss_is_finite"
 
@@ -171,8 +170,9 @@ def _count_examples(train_op, examples: tf.Tensor, info):
 def _update(cfg: config_lib.Config, loss, trainable, reads, global_step,
             optimizer=None):
   """The step's update: (train op, the global step it applied or None, the
-  sync optimizer or None). `reads` is None in local mode and for a user's
-  model; `optimizer` is the model's own, else --optimizer's."""
+  sync optimizer or None). `reads` is None in local mode; `optimizer` is the
+  model's own, else --optimizer's (with packed reads only its
+  apply_gradients is used: gradients are taken through the packed values)."""
   if optimizer is None:
     optimizer = optimizers.make_optimizer(cfg.train.optimizer,
                                           cfg.train.learning_rate)
@@ -275,7 +275,7 @@ def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet,
     (session) -> {"loss", "accuracy", "examples"}: exact figures over the
     whole split, and its size.
   """
-  test_input = data.test_input(dataset, EVAL_BATCH_SIZE)
+  test_input = data.test_input(dataset, model_parts.EVAL_BATCH_SIZE)
   sums = models.eval_sums(
       _logits(cfg, dataset, test_input.features, partitioner),
       test_input.labels)

@@ -99,3 +99,18 @@ def keras3_model_fn(features, labels, mode):
   import keras  # pylint: disable=g-import-not-at-top  # Keras 3: no TF1 graphs.
   logits = keras.layers.Dense(2)(features["x"])
   return _spec(mode, logits, labels)
+
+
+def batch_norm_model_fn(features, labels, mode):
+  net = tf.compat.v1.layers.batch_normalization(
+      features["x"], training=mode == ps_trainer.ModeKeys.TRAIN)
+  return _spec(mode, tf.compat.v1.layers.dense(net, 2), labels)
+
+
+def endless_eval_input_fn(mode, input_context):
+  return input_fn(mode, input_context, {}).repeat()
+
+
+def keras_optimizer_model_fn(features, labels, mode):
+  spec = layers_model_fn(features, labels, mode, {})
+  return ps_trainer.ModelSpec(mode, loss=spec.loss, optimizer=object())

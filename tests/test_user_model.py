@@ -121,6 +121,21 @@ class InputTest(absltest.TestCase):
     self.assertFalse((first_batches[0] == first_batches[1]).all(), first_batches)
 
 
+class UpdateOpsTest(absltest.TestCase):
+
+  def test_batch_normalization_statistics_move_and_a_lambda_is_a_model_fn(self):
+    log_dir = tempfile.mkdtemp()
+    result = testing.train_in_process(
+        lambda features, labels, mode: small_models.batch_norm_model_fn(features, labels, mode),
+        small_models.input_fn, num_ps=0, train_steps=50, log_dir=log_dir)
+    self.assertEqual(result["global_step"], 50)
+    self.assertTrue(result["model"].endswith(":<lambda>"), result["model"])
+    # The inputs are uniform in [0, 1): their mean is about 0.5, and 50 updates at TF's
+    # momentum of 0.99 move the moving mean from 0 to about 0.2.
+    moving_mean = tf.train.load_variable(log_dir, "batch_normalization/moving_mean")
+    self.assertGreater(float(moving_mean.min()), 0.1)
+
+
 class EvaluatorTest(absltest.TestCase):
 
   def test_the_evaluator_scores_a_users_checkpoint_with_its_metrics(self):
@@ -173,6 +188,10 @@ class ContractErrorsTest(parameterized.TestCase):
        r"returned list in mode 'train', not a tf.data.Dataset"),
       ("not_pairs", small_models.layers_model_fn, small_models.not_pairs,
        r"returned a Dataset of TensorSpec, not of \(features, labels\) pairs"),
+      ("endless_eval", small_models.layers_model_fn, small_models.endless_eval_input_fn,
+       r"returned an endless dataset in mode 'eval'"),
+      ("not_an_optimizer", small_models.keras_optimizer_model_fn, small_models.input_fn,
+       r"optimizer is a object, not a TF1 optimizer"),
       ("keras3", small_models.keras3_model_fn, small_models.input_fn,
        r"uses Keras 3 \(`import keras`\), which cannot build TF1 graphs .*; use tf.keras"))
   def test_one_line_naming_what_is_wrong(self, model_fn, input_fn, pattern):

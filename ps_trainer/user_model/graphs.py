@@ -158,8 +158,32 @@ def train_input(user: loading.UserModel, num_workers: int,
 
 
 def eval_input(user: loading.UserModel) -> data.Input:
-  """One pass over the EVAL dataset; its initializer starts it again."""
-  return iterator_input(call_input_fn(user, ModeKeys.EVAL, input_context(1, 0)))
+  """One pass over the EVAL dataset; its initializer starts it again.
+
+  Raises:
+    ModelFnError: an endless EVAL dataset, whose scoring would never end.
+  """
+  dataset = call_input_fn(user, ModeKeys.EVAL, input_context(1, 0))
+  if _is_endless(dataset):
+    raise spec_lib.ModelFnError(
+        f"--input_fn={user.input_name} returned an endless dataset in mode "
+        "'eval' (a repeat() without a count?); the held-out split is scored "
+        "in one pass: repeat only in mode 'train', or not at all (the "
+        "trainer repeats it)")
+  return iterator_input(dataset)
+
+
+def _is_endless(dataset: tf.data.Dataset) -> bool:
+  """Whether TF knows `dataset` never ends. Graph mode has no static
+  cardinality, so a session of this graph asks it (it reads no element);
+  a dataset it cannot ask counts as finite."""
+  cardinality = dataset.cardinality()
+  try:
+    with tf.compat.v1.Session(graph=cardinality.graph) as session:
+      value = session.run(cardinality)
+  except (tf.errors.OpError, ValueError, TypeError):
+    return False
+  return int(value) == int(tf.data.INFINITE_CARDINALITY)
 
 
 def iterator_input(dataset: tf.data.Dataset) -> data.Input:
@@ -226,7 +250,7 @@ class Evaluation:
           trainable=False)
       count_update = count.assign_add(examples)
       self._values = {name: pair[0] for name, pair in metrics.items()}
-      self._values["examples"] = count
+      self._count = count
       self._update = tf.group(*[pair[1] for pair in metrics.values()],
                               count_update)
       self._reset = tf.compat.v1.local_variables_initializer()
@@ -253,15 +277,21 @@ class Evaluation:
         session.run(self._update)
       except tf.errors.OutOfRangeError:
         break
-    values = session.run(self._values)
-    examples = int(values.pop("examples"))
+    values, examples = session.run((self._values, self._count))
+    examples = int(examples)
     metrics = {name: _number(value) for name, value in values.items()}
     return {"loss": metrics["loss"], "accuracy": metrics.get("accuracy"),
             "examples": examples, "metrics": metrics}
 
   def missing_from(self, trained: Dict[str, tf.Variable]) -> list:
-    """Names of this graph's variables that the training graph lacks."""
-    return sorted(set(self.variables) - set(trained))
+    """This graph's variables that the training graph lacks, or holds with
+    another shape or dtype: "name [shape] dtype" each."""
+    return sorted(
+        f"{name} {variable.shape.as_list()} {variable.dtype.base_dtype.name}"
+        for name, variable in self.variables.items()
+        if name not in trained
+        or trained[name].shape.as_list() != variable.shape.as_list()
+        or trained[name].dtype.base_dtype != variable.dtype.base_dtype)
 
   def scorer(self, trained: Dict[str, tf.Variable]) -> Callable:
     """(training session) -> evaluate(): the training graph's values moved
@@ -274,8 +304,8 @@ class Evaluation:
     if missing:
       raise spec_lib.ModelFnError(
           f"the model_fn made variables in mode 'eval' that it did not make "
-          f"in mode 'train' ({', '.join(missing[:3])}); build the same "
-          "layers in every mode")
+          f"so in mode 'train' ({', '.join(missing[:3])}); build the same "
+          "layers in every mode, on features of the same shape")
     fetches = {name: trained[name] for name in self.variables}
 
     def score(train_session) -> dict:

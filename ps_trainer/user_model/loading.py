@@ -79,6 +79,24 @@ def parse_params(text: str) -> str:
   return json.dumps(value, sort_keys=True)
 
 
+def check_flags(model: str, input_fn: str) -> None:
+  """The form of --model=PATH.py:FN and --input_fn, and that their files
+  exist, without importing them.
+
+  Raises:
+    ModelFnError: one line naming the flag.
+  """
+  if input_fn and not is_function_spec(model):
+    # A built-in model reads --dataset's features; an input_fn's are its own.
+    raise spec_lib.ModelFnError(
+        f"--input_fn={input_fn} needs your own model to read its features, "
+        f"and --model={model} is built in; pass --model=PATH.py:FUNCTION too")
+  if is_function_spec(model):
+    check_spec_text(model, "model")
+  if input_fn:
+    check_spec_text(input_fn, "input_fn")
+
+
 def check_spec_text(text: str, flag: str) -> None:
   """Checks the form of PATH.py:FN or package.module:FN without importing.
 
@@ -86,7 +104,7 @@ def check_spec_text(text: str, flag: str) -> None:
     ModelFnError: no function name, or a .py path that does not exist.
   """
   where, _, name = text.rpartition(":")
-  if not where or not name.isidentifier():
+  if not where or not name:
     raise spec_lib.ModelFnError(
         f"--{flag}={text}: expected PATH.py:FUNCTION or "
         "package.module:FUNCTION")
@@ -139,16 +157,24 @@ def load(text: str, flag: str) -> Callable:
 
 def _import_file(path: str):
   """Imports a .py file as a module named after it, with its directory on
-  sys.path (so it imports its siblings, as `python PATH.py` would)."""
-  directory = os.path.dirname(os.path.abspath(path))
+  sys.path (so it imports its siblings, as `python PATH.py` would). Once:
+  --model and --input_fn in one file share its module."""
+  absolute = os.path.abspath(path)
+  if absolute in _FILES:
+    return _FILES[absolute]
+  directory = os.path.dirname(absolute)
   if directory not in sys.path:
     sys.path.insert(0, directory)
   name = os.path.splitext(os.path.basename(path))[0]
-  module_spec = importlib.util.spec_from_file_location(name, path)
+  module_spec = importlib.util.spec_from_file_location(name, absolute)
   module = importlib.util.module_from_spec(module_spec)
   sys.modules.setdefault(name, module)
   module_spec.loader.exec_module(module)
+  _FILES[absolute] = module
   return module
+
+
+_FILES = {}  # Absolute path -> the module imported from it.
 
 
 def describe_exception(error: BaseException) -> str:
@@ -175,16 +201,19 @@ def from_flags(model: str, input_fn: str, params: str) -> Optional[UserModel]:
   Raises:
     ModelFnError: as load and parse_params.
   """
-  if input_fn and not is_function_spec(model):
-    # A built-in model reads --dataset's features; an input_fn's are its own.
-    raise spec_lib.ModelFnError(
-        f"--input_fn={input_fn} needs a model function to read its "
-        f"features, and --model={model} is built in; pass "
-        "--model=PATH.py:FUNCTION too")
+  check_flags(model, input_fn)
   if not is_function_spec(model):
     return None
+  return from_functions(load(model, "model"),
+                        load(input_fn, "input_fn") if input_fn else None,
+                        params, model, input_fn)
+
+
+def from_functions(model_fn: Callable, input_fn: Optional[Callable],
+                   params: str, model_name: str, input_name: str) -> UserModel:
+  """The UserModel of functions given as callables (ps_trainer.run,
+  ps_trainer.testing) or loaded from flags."""
   quiet_layer_deprecations()
-  return UserModel(
-      model_fn=load(model, "model"),
-      input_fn=load(input_fn, "input_fn") if input_fn else None,
-      params=parse_params(params), model_name=model, input_name=input_fn)
+  return UserModel(model_fn=model_fn, input_fn=input_fn,
+                   params=parse_params(params), model_name=model_name,
+                   input_name=input_name)

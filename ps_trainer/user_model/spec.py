@@ -66,6 +66,20 @@ def check(spec: Any, mode: str, where: str) -> ModelSpec:
     raise ModelFnError(
         f"{where} returned no predictions in mode {mode!r}; the export serves "
         "them: pass ModelSpec(mode, predictions=tensor or dict of tensors)")
+  optimizer = spec.optimizer
+  if optimizer is not None and not all(
+      callable(getattr(optimizer, method, None))
+      for method in ("compute_gradients", "apply_gradients")):
+    raise ModelFnError(
+        f"{where}: optimizer is a {type(optimizer).__name__}, not a TF1 "
+        "optimizer; pass a tf.compat.v1.train.*Optimizer (a Keras optimizer "
+        "builds no TF1 update), or leave it to --optimizer")
+  hooks = spec.training_hooks
+  if not isinstance(hooks, (list, tuple)) or not all(
+      callable(getattr(hook, "before_run", None)) for hook in hooks):
+    raise ModelFnError(
+        f"{where}: training_hooks must be a list of "
+        "tf.compat.v1.train.SessionRunHook")
   for name, pair in (spec.eval_metric_ops or {}).items():
     if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
       raise ModelFnError(
