@@ -43,7 +43,7 @@ class ModelConfig:
   embedding_dim: int = 16
   input_fn: str = ""
   params: str = "{}"
-  partition_min_bytes: int = 4 << 20
+  partition_min_bytes: int = flags_lib.DEFAULT_PARTITION_MIN_BYTES
   user: Optional[UserModel] = None
 
   @property
@@ -150,7 +150,8 @@ def from_flag_values(values: Mapping, tf_config: str,
                         input_fn=values.get("input_fn", ""),
                         params=_params(values),
                         partition_min_bytes=values.get(
-                            "partition_min_bytes", 4 << 20)),
+                            "partition_min_bytes",
+                            flags_lib.DEFAULT_PARTITION_MIN_BYTES)),
       train=TrainConfig(
           optimizer=values["optimizer"],
           learning_rate=(

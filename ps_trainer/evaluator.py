@@ -118,8 +118,7 @@ class _Evaluation:
     # before the step it holds (the others train during its save).
     return {"global_step": step, "checkpoint": os.path.basename(checkpoint),
             "loss": metrics["loss"], "accuracy": metrics["accuracy"],
-            "metrics": metrics.get("metrics") or {
-                "loss": metrics["loss"], "accuracy": metrics["accuracy"]}}
+            "metrics": metrics["metrics"]}
 
 
 def _shown_metrics(metrics: dict) -> list:

@@ -17,6 +17,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 JOB_NAMES = ("ps", "worker", "chief", "evaluator")
 WIRE_DTYPES = ("float32", "bfloat16")
+# A user's get_variable of twice this many bytes is split over the PS tasks.
+DEFAULT_PARTITION_MIN_BYTES = 4 << 20
 # Rates that train every bundled model and data set in 1,000 steps.
 DEFAULT_LEARNING_RATES = {
     "sgd": 0.1, "momentum": 0.05, "adam": 0.001, "adagrad": 0.1}
@@ -72,7 +74,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
       "A JSON object handed to your model_fn and input_fn as `params`, e.g. "
       "'{\"units\": 64}'.")
   define_integer(
-      "partition_min_bytes", 4 << 20,
+      "partition_min_bytes", DEFAULT_PARTITION_MIN_BYTES,
       "Your own model: a get_variable larger than this many bytes is split "
       "over the PS tasks in parts of at least this size (as TF2's "
       "MinSizePartitioner does). Built-in models split their tables "

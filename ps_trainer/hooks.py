@@ -249,7 +249,8 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
   runs only.
 
   Args:
-    evaluate: (session) -> {"loss": float, "accuracy": float, "examples": int}.
+    evaluate: (session) -> {"loss": float, "accuracy": float or None,
+      "examples": int, "metrics": {name: float}} (train_graph.TrainGraph's).
     global_step: the global step tensor.
     throughput: the run's Throughput.
     examples_per_global_step: to turn steps/s into examples/s.
@@ -294,8 +295,7 @@ class ResultHook(tf.compat.v1.train.SessionRunHook):
         global_step=global_step,
         loss=metrics["loss"],
         accuracy=metrics["accuracy"],
-        metrics=metrics.get("metrics") or {"loss": metrics["loss"],
-                                           "accuracy": metrics["accuracy"]},
+        metrics=metrics["metrics"],
         test_examples=metrics.get("examples"),
         train_loss=train_loss if math.isfinite(train_loss) else None,
         examples_per_sec=(None if steps_per_sec is None

@@ -140,10 +140,9 @@ def _read_data_set(cfg):
   """
   if cfg.cluster is not None and cfg.cluster.is_ps:
     return None  # A PS reads no data.
-  if cfg.model.input_fn:
-    from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
-    return data_sets.from_input_fn(cfg.model.input_fn)
   from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+  if cfg.model.input_fn:
+    return data_sets.from_input_fn(cfg.model.input_fn)
   try:
     return data_sets.read(cfg.data.dataset, cfg.data.data_dir,
                           cfg.data.data_path)

@@ -27,8 +27,8 @@ class ModelParts:
     train_input: this worker's training input.
     loss: the training loss (a scalar).
     accuracy: the batch's accuracy for summaries, or None.
-    evaluate: (training session) -> {"loss", "accuracy", "examples"} and,
-      for a user's model, "metrics": the held-out split's exact scores.
+    evaluate: (training session) -> {"loss", "accuracy", "examples",
+      "metrics"}: the held-out split's exact scores ("metrics" by name).
     trainable: the variables the update changes.
     reads: packed reads (packing.py), or None.
     optimizer: the model's own optimizer, or None for --optimizer's.

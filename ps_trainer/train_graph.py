@@ -38,7 +38,8 @@ class TrainGraph:
   loss: tf.Tensor
   train_op: tf.Operation
   train_input: data.Input
-  evaluate: Callable  # (session) -> {"loss", "accuracy", "examples"} on the test split.
+  # (session) -> {"loss", "accuracy", "examples", "metrics"} on the test split.
+  evaluate: Callable
   saver: tf.compat.v1.train.Saver
   chief_start: resume.ChiefStart
   # Every global variable but the signature, and which of them lack a value.
@@ -272,8 +273,8 @@ def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet,
       None: whole, for a graph that only restores and scores).
 
   Returns:
-    (session) -> {"loss", "accuracy", "examples"}: exact figures over the
-    whole split, and its size.
+    (session) -> {"loss", "accuracy", "examples", "metrics"}: exact figures
+    over the whole split, and its size.
   """
   test_input = data.test_input(dataset, model_parts.EVAL_BATCH_SIZE)
   sums = models.eval_sums(
@@ -295,6 +296,7 @@ def _test_scorer(test_input: data.Input, sums):
       loss_sum += float(batch_loss)
       correct += float(batch_correct)
       count += int(batch_count)
-    return {"loss": loss_sum / max(count, 1),
-            "accuracy": correct / max(count, 1), "examples": count}
+    loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
+    return {"loss": loss, "accuracy": accuracy, "examples": count,
+            "metrics": {"loss": loss, "accuracy": accuracy}}
   return evaluate

@@ -46,10 +46,15 @@ CLOSING = "closing the finished run's session, then exporting it"
 FINISHING = "exporting the finished run"
 
 
+def replicas_per_global_step(cfg: config_lib.Config) -> int:
+  """Worker steps one global step takes: one async, or the aggregated
+  replicas' in sync."""
+  return cfg.train.replicas_to_aggregate if cfg.train.sync_replicas else 1
+
+
 def examples_per_global_step(cfg: config_lib.Config) -> int:
   """Examples one global step consumes: one batch, or one per aggregated replica."""
-  replicas = cfg.train.replicas_to_aggregate if cfg.train.sync_replicas else 1
-  return cfg.data.batch_size * replicas
+  return cfg.data.batch_size * replicas_per_global_step(cfg)
 
 
 @dataclasses.dataclass
@@ -257,9 +262,7 @@ def _hooks(cfg, tg: train_graph.TrainGraph, target: str, session_config,
   progress = hooks_lib.ProgressHook(
       cfg.task_name, tg.loss, tg.global_step_read, cfg.train.train_steps,
       per_step, cfg.train.log_every_steps, throughput,
-      examples_seen=tg.examples_seen,
-      replicas=(cfg.train.replicas_to_aggregate
-                if cfg.train.sync_replicas else 1))
+      examples_seen=tg.examples_seen, replicas=replicas_per_global_step(cfg))
   every_replica = [
       hooks_lib.StopOnRequestHook(stop),
       hooks_lib.InputInitHook(tg.train_input.initializer,
@@ -317,11 +320,7 @@ def _traced_steps(cfg: config_lib.Config) -> int:
   if not cfg.train.trace_steps:
     return 0
   own_steps = tracing.SKIP_STEPS + cfg.train.trace_steps
-  # A global step takes one step of each async worker, or
-  # replicas_to_aggregate steps of the sync ones together.
-  per_global_step = (cfg.train.replicas_to_aggregate
-                     if cfg.train.sync_replicas else 1)
-  steps = -(-own_steps * cfg.num_workers // per_global_step)
+  steps = -(-own_steps * cfg.num_workers // replicas_per_global_step(cfg))
   if cfg.is_chief and steps >= cfg.train.train_steps - 1:
     errors.warn(f"--trace_steps={cfg.train.trace_steps} traces about the "
                 f"first {steps} global steps, and --train_steps="

@@ -135,7 +135,8 @@ class ResultHookTest(absltest.TestCase):
 
   def hook(self, path, throughput, progress=None):
     return hooks.ResultHook(
-        evaluate=lambda session: {"loss": 0.25, "accuracy": 0.75},
+        evaluate=lambda session: {"loss": 0.25, "accuracy": 0.75,
+                                  "metrics": {"loss": 0.25, "accuracy": 0.75}},
         global_step="gs", throughput=throughput, examples_per_global_step=64,
         fields={"sync_replicas": False, "num_workers": 2, "num_ps": 1},
         log_dir=os.path.dirname(path), progress=progress)
