@@ -36,7 +36,7 @@ from ps_trainer.data_sets import DataSet
 from ps_trainer.readers import DataError
 
 __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
-           "find_bad_records", "load", "may_be_bad_records", "train_input",
+           "feature_specs", "find_bad_records", "load", "may_be_bad_records", "train_input",
            "test_input", "without_autotune"]
 
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
@@ -209,6 +209,18 @@ def test_input(ds, batch_size):
     return _iterator_input(tfrecords.test_dataset(ds.records, batch_size),
                            initializable=True)
   return _array_input(ds.x_test, ds.y_test, batch_size, shuffle_seed=None)
+
+
+def feature_specs(ds):
+  """The structure of one batch's features, with a batch dimension of None:
+  a TensorSpec, or for click records {"ids": a SparseTensorSpec, "dense":
+  a TensorSpec} ("dense" only when the records have dense features)."""
+  if ds.name != "tfrecord":
+    return tf.TensorSpec((None,) + tuple(ds.input_shape), tf.float32)
+  specs = {"ids": tf.SparseTensorSpec([None, None], tf.int64)}
+  if ds.input_shape[0]:
+    specs["dense"] = tf.TensorSpec((None,) + tuple(ds.input_shape), tf.float32)
+  return specs
 
 
 def _on_input_thread(dataset):

@@ -27,7 +27,6 @@ from ps_trainer import model_parts
 from ps_trainer import output_dir
 from ps_trainer import run_result
 from ps_trainer import stops
-from ps_trainer import train_graph
 from ps_trainer import waits
 from ps_trainer.user_model import graphs
 
@@ -74,24 +73,15 @@ class _Evaluation:
   """The test-split graph of the model, without the cluster or an optimizer."""
 
   def __init__(self, cfg: config_lib.Config, dataset: data.DataSet):
-    if cfg.model.user is not None:
-      # A user's model_fn in EVAL mode, its variables whole (as below).
-      user = graphs.Evaluation(
-          cfg.model.user, lambda: model_parts.held_out_input(cfg, dataset))
-      self.graph, self.global_step = user.graph, user.global_step
-      self.evaluate, self.saver = user.evaluate, user.saver
-      self.variables = list(user.variables.values()) + [user.global_step]
-      self.graph.finalize()
-      return
-    self.graph = tf.Graph()
-    with self.graph.as_default():
-      self.global_step = tf.compat.v1.train.get_or_create_global_step()
-      # Tables whole: a restore assembles them from the parts the
-      # checkpoint holds, however many PS the job had.
-      self.evaluate = train_graph.build_evaluation(cfg, dataset,
-                                                   partitioner=None)
-      self.variables = tf.compat.v1.global_variables()
-      self.saver = tf.compat.v1.train.Saver(self.variables, sharded=False)
+    # The model_fn in EVAL mode, its tables whole: a restore assembles them
+    # from the parts the checkpoint holds, however many PS the job had.
+    evaluation = graphs.Evaluation(
+        model_parts.model_of(cfg, dataset, whole_tables=True),
+        lambda: model_parts.held_out_input(cfg, dataset))
+    self.graph, self.global_step = evaluation.graph, evaluation.global_step
+    self.evaluate, self.saver = evaluation.evaluate, evaluation.saver
+    self.variables = (list(evaluation.variables.values())
+                      + [evaluation.global_step])
     self.graph.finalize()
 
   def check(self, checkpoint: str) -> None:

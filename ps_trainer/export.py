@@ -13,10 +13,13 @@ one Predict signature, "serving_default":
   outputs  probabilities  float32 [None, classes]: softmax of the logits
            classes        int64 [None]: the most probable class
 
+(A user's model serves its own predictions, on inputs that follow its
+input_fn's features.)
+
 The model is built again in a fresh graph, without a device function (the
 export serves in one process, not on the PS tasks), and restored from the
 newest checkpoint in --log_dir. The SavedModel holds only the model's
-variables: no optimizer slots, no global step.
+variables and the global step it was trained to: no optimizer slots.
 """
 
 import os
@@ -29,7 +32,7 @@ from ps_trainer import checkpoints
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import errors
-from ps_trainer import models
+from ps_trainer import model_parts
 from ps_trainer import run_result
 from ps_trainer.user_model import graphs
 
@@ -38,7 +41,7 @@ SIGNATURE_KEY = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 # Pads a row of "ids" to the batch's longest row. The serving graph drops
 # every negative id, so served ids are >= 0 (as clicks.py writes them; the
 # TFRecord schema would allow negative ids, which training hashes instead).
-IDS_PADDING = -1
+IDS_PADDING = graphs.SPARSE_PADDING
 # Where a half-written export lives until it is renamed into place. The dot
 # keeps it out of TF Serving's sight: it loads only numbered directories.
 _PARTIAL = ".partial-"
@@ -99,30 +102,37 @@ def export_and_record(cfg: config_lib.Config, dataset: data.DataSet,
 
 def describe(cfg: config_lib.Config, dataset: data.DataSet) -> str:
   """E.g. "serving_default: images float32 [None, 8, 8, 1] -> probabilities,
-  classes"."""
-  inputs = ", ".join(
-      f"{name} {dtype.name} [{', '.join(str(d) for d in shape)}]"
-      for name, (dtype, shape) in _input_specs(cfg, dataset).items())
-  outputs = ("the model's predictions" if cfg.model.user is not None
-             else "probabilities, classes")
-  return f"{SIGNATURE_KEY}: {inputs} -> {outputs}"
+  classes": the signature the export has, built in a scratch graph.
+
+  Raises:
+    ModelFnError: the model_fn broke the contract in PREDICT mode.
+  """
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    inputs, outputs = _serving(cfg, dataset)
+  described = ", ".join(
+      f"{name} {tensor.dtype.name} "
+      f"[{', '.join(str(d) for d in tensor.shape.as_list())}]"
+      for name, tensor in inputs.items())
+  return f"{SIGNATURE_KEY}: {described} -> {', '.join(outputs)}"
 
 
-def _input_specs(cfg, dataset) -> dict:
-  """Input name -> (dtype, shape) of what the model consumes."""
-  if cfg.model.user is not None and cfg.model.user.input_fn is not None:
-    specs = graphs.feature_specs(cfg.model.user)
-    named = specs if isinstance(specs, dict) else {"features": specs}
-    return {name: (spec.dtype, tuple(
-        [None, None] if isinstance(spec, tf.SparseTensorSpec)
-        else spec.shape.as_list())) for name, spec in named.items()}
-  if cfg.model.model == "wide_deep":
-    specs = {"ids": (tf.int64, (None, None))}
-    if dataset.input_shape[0]:  # Records without dense features: none to ask for.
-      specs["dense"] = (tf.float32, (None,) + tuple(dataset.input_shape))
-    return specs
-  name = "features" if len(dataset.input_shape) == 1 else "images"
-  return {name: (tf.float32, (None,) + tuple(dataset.input_shape))}
+def _serving(cfg, dataset) -> tuple:
+  """(inputs, outputs) of the model in PREDICT mode, in the default graph:
+  inputs as the training features (a user's input_fn's, or --dataset's),
+  outputs the model's predictions. Each table whole (see below)."""
+  # Whatever num_ps the run had: the checkpoint stores a partitioned table
+  # under its full name, as slices (one per part), and a restore assembles
+  # any slice - here the whole table - from them. The export then does not
+  # depend on the cluster.
+  user = model_parts.model_of(cfg, dataset, whole_tables=True)
+  if user.input_fn is not None:
+    specs, name = graphs.feature_specs(user), "features"
+  else:
+    specs = data.feature_specs(dataset)
+    name = "features" if len(dataset.input_shape) == 1 else "images"
+  inputs, features = graphs.serving_inputs(specs, name)
+  return inputs, graphs.serving_outputs(user, features)
 
 
 def _export(cfg, dataset, log_dir) -> Tuple[str, bool]:
@@ -177,81 +187,28 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
   """Builds the serving graph, restores `checkpoint`, writes the SavedModel."""
   graph = tf.Graph()
   with graph.as_default():
-    if cfg.model.user is not None:
-      # As Estimator gave every graph one: a model_fn may read it in any mode.
-      # Not restored (the model's variables are), but set to 0 before saving.
-      tf.compat.v1.train.get_or_create_global_step()
-      inputs, outputs = _user_model_serving(cfg, dataset)
-    else:
-      inputs, outputs = _built_in_serving(cfg, dataset)
+    # As Estimator gave every graph one: a model_fn may read it in any mode.
+    # Restored with the model, so the export says which step it serves.
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    inputs, outputs = _serving(cfg, dataset)
     # Only what the model created: its variables.
     model_variables = list(graphs.model_variables(graph).values())
     problem = checkpoints.mismatch(checkpoint, model_variables)
     if problem:
       raise _NotThisModel(problem)
-    restore = tf.compat.v1.train.Saver(model_variables)
+    restore = tf.compat.v1.train.Saver(model_variables + [global_step])
     signature = tf.compat.v1.saved_model.predict_signature_def(
         inputs=inputs, outputs=outputs)
     with tf.compat.v1.Session(graph=graph) as session:
       restore.restore(session, checkpoint)
       session.run([v.initializer for v in tf.compat.v1.global_variables()
-                   if v not in model_variables])
+                   if v not in model_variables and v is not global_step])
       builder = tf.compat.v1.saved_model.Builder(export_dir)
       builder.add_meta_graph_and_variables(
           session, [tf.saved_model.SERVING],
           signature_def_map={SIGNATURE_KEY: signature},
           strip_default_attrs=True)
       builder.save()
-
-
-def _user_model_serving(cfg, dataset) -> tuple:
-  """(inputs, outputs) of a user's model in PREDICT mode: inputs as its
-  input_fn's features (or --dataset's), outputs its predictions."""
-  user = cfg.model.user
-  if user.input_fn is not None:
-    inputs, features = graphs.serving_inputs(graphs.feature_specs(user))
-  else:
-    ((name, (dtype, shape)),) = _input_specs(cfg, dataset).items()
-    features = tf.compat.v1.placeholder(dtype, shape, name=name)
-    inputs = {name: features}
-  return inputs, graphs.serving_outputs(user, features)
-
-
-def _built_in_serving(cfg, dataset) -> tuple:
-  """(inputs, outputs) of a built-in model: probabilities and classes."""
-  inputs = {name: tf.compat.v1.placeholder(dtype, shape, name=name)
-            for name, (dtype, shape) in _input_specs(cfg, dataset).items()}
-  # Each table whole (no partitioner), whatever num_ps the run had: the
-  # checkpoint stores a partitioned table under its full name, as slices
-  # (one per part), and a restore assembles any slice - here the whole
-  # table - from them. The export then does not depend on the cluster.
-  logits = models.build_logits(
-      cfg.model.model, _features(cfg, inputs), dataset.input_shape,
-      dataset.num_classes, cfg.model.hidden_units,
-      vocab_size=cfg.model.vocab_size,
-      embedding_dim=cfg.model.embedding_dim, partitioner=None)
-  outputs = {
-      "probabilities": tf.nn.softmax(logits, name="probabilities"),
-      "classes": tf.argmax(logits, axis=1, output_type=tf.int64,
-                           name="classes")}
-  return inputs, outputs
-
-
-def _features(cfg, inputs: dict):
-  """The serving inputs as the model reads them."""
-  if cfg.model.model != "wide_deep":
-    (features,) = inputs.values()
-    return features
-  ids = inputs["ids"]
-  # Dense and padded for the client; sparse, as the training records parse,
-  # for the model. tf.where keeps row-major order, as the lookups expect.
-  present = tf.where(tf.greater_equal(ids, 0))
-  sparse_ids = tf.SparseTensor(present, tf.gather_nd(ids, present),
-                               tf.shape(ids, out_type=tf.int64))
-  dense = inputs.get("dense")
-  if dense is None:  # The model joins no dense features: an empty row each.
-    dense = tf.zeros(tf.stack([tf.shape(ids)[0], 0]), tf.float32)
-  return {"ids": sparse_ids, "dense": dense}
 
 
 def _failure(e: Exception, checkpoint: str, path: str) -> str:

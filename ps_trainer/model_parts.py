@@ -1,9 +1,9 @@
-"""What the training graph needs of a model, built-in or a user's.
+"""What the training graph needs of a model: its input, loss and scorer.
 
-train_graph.py builds the cluster's side (global step, update, signature);
-a model supplies its input, its loss and how it is scored. A user's model_fn
-and input_fn are built here (user_model/graphs.py does the calling), so the
-training graph itself asks nothing of where a model came from.
+train_graph.py builds the cluster's side (global step, update, signature).
+Every model is a model_fn here, a built-in one (models/) or a user's, and is
+built through the same calls (user_model/graphs.py), so nothing past this
+module asks where a model came from.
 """
 
 import dataclasses
@@ -13,9 +13,11 @@ import tensorflow as tf
 
 from ps_trainer import config as config_lib
 from ps_trainer import data
+from ps_trainer import models
 from ps_trainer import packing
 from ps_trainer import placement
 from ps_trainer.user_model import graphs
+from ps_trainer.user_model import loading
 from ps_trainer.user_model.spec import ModeKeys
 
 
@@ -26,7 +28,6 @@ class ModelParts:
   Attributes:
     train_input: this worker's training input.
     loss: the training loss (a scalar).
-    accuracy: the batch's accuracy for summaries, or None.
     evaluate: (training session) -> {"loss", "accuracy", "examples",
       "metrics"}: the held-out split's exact scores ("metrics" by name).
     trainable: the variables the update changes.
@@ -38,7 +39,6 @@ class ModelParts:
   """
   train_input: data.Input
   loss: tf.Tensor
-  accuracy: Optional[tf.Tensor]
   evaluate: Callable
   trainable: list
   reads: Optional[packing.PackedReads] = None
@@ -47,17 +47,35 @@ class ModelParts:
   examples: Optional[tf.Tensor] = None
 
 
-def user_model(cfg: config_lib.Config, dataset: data.DataSet,
-               global_step: tf.Variable) -> ModelParts:
-  """A user's model_fn on its input_fn (or on --dataset), in the default
-  graph under the caller's device function. Its large variables are split
-  over the PS tasks (--partition_min_bytes); in a cluster, each PS's
-  variables that the model reads whole cross in one packed read.
+def model_of(cfg: config_lib.Config, dataset: data.DataSet,
+             whole_tables: bool = False) -> loading.UserModel:
+  """The run's model as a model_fn: the user's, or the built-in --model's
+  on this data set. `whole_tables` keeps a built-in's tables in one part
+  (a graph that only restores checkpoints: a restore assembles the parts).
 
   Raises:
-    ModelFnError: a function broke the contract.
+    ModelError: no built-in model is named so.
   """
-  user = cfg.model.user
+  if cfg.model.user is not None:
+    return cfg.model.user
+  return models.built_in(cfg.model.model, models.params_for(
+      cfg.model.model, dataset.input_shape, dataset.num_classes,
+      cfg.model.hidden_units, cfg.model.vocab_size, cfg.model.embedding_dim,
+      table_parts=None if whole_tables else max(cfg.num_ps, 1)))
+
+
+def build(cfg: config_lib.Config, dataset: data.DataSet,
+          global_step: tf.Variable) -> ModelParts:
+  """The run's model_fn on its input_fn (or on --dataset), in the default
+  graph under the caller's device function. Large variables are split over
+  the PS tasks (--partition_min_bytes); in a cluster, each PS's variables
+  that the model reads whole cross in one packed read.
+
+  Raises:
+    ModelFnError: a function broke the contract (ModelError: a built-in
+      model cannot read this data).
+  """
+  user = model_of(cfg, dataset)
   partitioning = placement.size_partitioning_getter(
       cfg.num_ps, cfg.model.partition_min_bytes)
   if user.input_fn is not None:
@@ -86,7 +104,7 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet,
   trainable = tf.compat.v1.trainable_variables()
   reads = None
   if cfg.cluster is not None:
-    # Packed as a built-in model's are, once the model has made them.
+    # Once the model has made them: only then are their reads known.
     reads = packing.PackedReads(
         packing.densely_read(trainable),
         packing.WIRE_DTYPES[cfg.train.wire_dtype], global_step)
@@ -95,7 +113,7 @@ def user_model(cfg: config_lib.Config, dataset: data.DataSet,
   evaluation = graphs.Evaluation(
       user, lambda: held_out_input(cfg, dataset), partitioning)
   return ModelParts(
-      train_input=train_input, loss=loss, accuracy=None,
+      train_input=train_input, loss=loss,
       evaluate=evaluation.scorer(trained),
       trainable=trainable, reads=reads, optimizer=spec.optimizer,
       training_hooks=tuple(spec.training_hooks), examples=examples)
@@ -106,9 +124,9 @@ EVAL_BATCH_SIZE = 1000
 
 
 def held_out_input(cfg: config_lib.Config, dataset: data.DataSet) -> data.Input:
-  """The held-out split a user's model is scored on: its input_fn in EVAL
+  """The held-out split a model is scored on: the user's input_fn in EVAL
   mode, else --dataset's test split."""
   user = cfg.model.user
-  if user.input_fn is not None:
+  if user is not None and user.input_fn is not None:
     return graphs.eval_input(user)
   return data.test_input(dataset, EVAL_BATCH_SIZE)

@@ -78,21 +78,9 @@ class GreedyByteBalancer:
 
 
 def is_table_part(variable) -> bool:
-  """A part of a table split by table_partitioner: read by row lookups,
+  """A part of a partitioned variable (a table): read by row lookups,
   never whole (packing.py leaves it out; plan.py counts rows, not parts)."""
   return variable._get_save_slice_info() is not None  # pylint: disable=protected-access
-
-
-def table_partitioner(num_ps: int):
-  """Splits a model's large tables into one part per PS task.
-
-  Equal parts of contiguous rows (what the lookups' "div" strategy expects);
-  the balancer then gives each PS one part of every table, since each part
-  goes to the PS holding fewest bytes so far. With one PS, or none (local
-  mode), the table is still one part: a partitioned variable is what tells
-  packing.py to leave a table to its row lookups.
-  """
-  return tf.compat.v1.fixed_size_partitioner(max(num_ps, 1))
 
 
 def size_partitioning_getter(num_ps: int, min_bytes: int):

@@ -13,7 +13,6 @@ import tensorflow as tf
 from ps_trainer import config as config_lib
 from ps_trainer import data
 from ps_trainer import model_parts
-from ps_trainer import models
 from ps_trainer import optimizers
 from ps_trainer import packing
 from ps_trainer import placement
@@ -66,21 +65,16 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
   there is none and everything stays in this process.
   """
   info = cfg.cluster
-  user = cfg.model.user
   graph = tf.Graph()
   with graph.as_default():
     # A user's input_fn that ignores its context still shuffles differently
     # on each worker: its ops' seeds derive from this one. Only the chief's
     # variable initializers run, so the model starts the same.
-    tf.compat.v1.set_random_seed(
-        cfg.train.seed + (cfg.replica_index if user else 0))
+    tf.compat.v1.set_random_seed(cfg.train.seed + cfg.replica_index)
     device_fn = placement.device_function(info) if info else None
     with tf.compat.v1.device(device_fn):
       global_step = tf.compat.v1.train.get_or_create_global_step()
-      if user is None:
-        model = _built_in_model(cfg, dataset, global_step)
-      else:
-        model = model_parts.user_model(cfg, dataset, global_step)
+      model = model_parts.build(cfg, dataset, global_step)
       train_input, reads = model.train_input, model.reads
       global_step_read = _cache_global_step_read(
           graph, global_step, reads.global_step if reads else None)
@@ -97,12 +91,10 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
                                                   info)
       own_signature = run_signature.of(
           cfg, dataset.input_shape, dataset.num_classes,
-          variables=model.trainable if user else None)
+          variables=model.trainable)
       signature, signature_published = _signature_variable(
           own_signature, on_ps=info is not None)
     tf.compat.v1.summary.scalar("loss", loss)
-    if model.accuracy is not None:
-      tf.compat.v1.summary.scalar("train_accuracy", model.accuracy)
     model_variables = [v for v in tf.compat.v1.global_variables()
                        if v is not signature]
     with tf.compat.v1.device(info.task_device if info else None):
@@ -131,28 +123,6 @@ def build_graph(cfg: config_lib.Config, dataset: data.DataSet) -> TrainGraph:
 
 def _wire_dtype(cfg: config_lib.Config):
   return packing.WIRE_DTYPES[cfg.train.wire_dtype]
-
-
-def _built_in_model(cfg, dataset, global_step) -> model_parts.ModelParts:
-  """A built-in model on --dataset, read through packed reads in a cluster."""
-  partitioner = placement.table_partitioner(cfg.num_ps)
-  train_input = data.train_input(
-      dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
-      shard_index=cfg.replica_index, seed=cfg.train.seed)
-  # The evaluation graph first: it creates the variables, which the
-  # packed reads of the training graph need (packing.py).
-  evaluate = build_evaluation(cfg, dataset, partitioner)
-  trainable = tf.compat.v1.trainable_variables()
-  reads = (packing.PackedReads(trainable, _wire_dtype(cfg), global_step)
-           if cfg.cluster else None)
-  with tf.compat.v1.variable_scope(
-      tf.compat.v1.get_variable_scope(),
-      custom_getter=reads.variable_getter() if reads else None):
-    logits = _logits(cfg, dataset, train_input.features, partitioner)
-  loss, accuracy = models.loss_and_accuracy(logits, train_input.labels)
-  return model_parts.ModelParts(
-      train_input=train_input, loss=loss, accuracy=accuracy,
-      evaluate=evaluate, trainable=trainable, reads=reads)
 
 
 def _count_examples(train_op, examples: tf.Tensor, info):
@@ -254,49 +224,3 @@ def _cache_global_step_read(graph: tf.Graph, global_step,
                        else global_step.read_value())
   graph.add_to_collection(_GLOBAL_STEP_READ_KEY, read)
   return read
-
-
-def _logits(cfg, dataset, features, partitioner):
-  return models.build_logits(
-      cfg.model.model, features, dataset.input_shape, dataset.num_classes,
-      cfg.model.hidden_units, vocab_size=cfg.model.vocab_size,
-      embedding_dim=cfg.model.embedding_dim, partitioner=partitioner)
-
-
-def build_evaluation(cfg: config_lib.Config, dataset: data.DataSet,
-                     partitioner) -> Callable:
-  """Builds the test-split input and the model on it, in the default graph.
-
-  Args:
-    cfg, dataset: the run's.
-    partitioner: how the model's tables are split (train_graph's own, or
-      None: whole, for a graph that only restores and scores).
-
-  Returns:
-    (session) -> {"loss", "accuracy", "examples", "metrics"}: exact figures
-    over the whole split, and its size.
-  """
-  test_input = data.test_input(dataset, model_parts.EVAL_BATCH_SIZE)
-  sums = models.eval_sums(
-      _logits(cfg, dataset, test_input.features, partitioner),
-      test_input.labels)
-  return _test_scorer(test_input, sums)
-
-
-def _test_scorer(test_input: data.Input, sums):
-  """Returns (session) -> exact test-set loss and accuracy."""
-  def evaluate(session):
-    session.run(test_input.initializer, feed_dict=test_input.feed_dict)
-    loss_sum = correct = count = 0
-    while True:
-      try:
-        batch_loss, batch_correct, batch_count = session.run(sums)
-      except tf.errors.OutOfRangeError:
-        break
-      loss_sum += float(batch_loss)
-      correct += float(batch_correct)
-      count += int(batch_count)
-    loss, accuracy = loss_sum / max(count, 1), correct / max(count, 1)
-    return {"loss": loss, "accuracy": accuracy, "examples": count,
-            "metrics": {"loss": loss, "accuracy": accuracy}}
-  return evaluate

@@ -14,7 +14,6 @@ from ps_trainer import clicks
 from ps_trainer import data
 from ps_trainer import export
 from ps_trainer import models
-from ps_trainer import placement
 from ps_trainer import run_result
 from ps_trainer import trainer
 
@@ -37,7 +36,9 @@ spec = lambda t: [t.dtype.name, t.shape.as_list()]
 print(json.dumps({
     "inputs": {k: spec(v) for k, v in serve.structured_input_signature[1].items()},
     "outputs": {k: spec(v) for k, v in serve.structured_outputs.items()},
-    "variables": sorted(v.name.split(":")[0] for v in model.variables)}))
+    "variables": sorted(v.name.split(":")[0] for v in model.variables),
+    "global_step": [int(v.numpy()) for v in model.variables
+                    if v.name.startswith("global_step")]}))
 """
 
 # Click examples: ids per example (one without any, one past the vocabulary, which the model
@@ -45,7 +46,7 @@ print(json.dumps({
 _ROWS = [[3, 17, 99], [], [42], [7, 7, 60, 1003]]
 _DENSE_DIM = 3
 _WIDE_DEEP_VARIABLES = [
-    "model/deep/embedding", "model/deep_logit/bias", "model/deep_logit/kernel",
+    "global_step", "model/deep/embedding", "model/deep_logit/bias", "model/deep_logit/kernel",
     "model/hidden0/bias", "model/hidden0/kernel", "model/wide/bias", "model/wide/weights"]
 
 
@@ -88,7 +89,7 @@ def _wide_deep_probabilities(cfg, num_parts, checkpoint, rows, dense):
         "wide_deep", {"ids": ids, "dense": dense_in}, (dense_dim,), 2,
         cfg.model.hidden_units, vocab_size=cfg.model.vocab_size,
         embedding_dim=cfg.model.embedding_dim,
-        partitioner=placement.table_partitioner(num_parts))
+        partitioner=tf.compat.v1.fixed_size_partitioner(max(num_parts, 1)))
     model_variables = tf.compat.v1.trainable_variables()
     tables = [v for v in model_variables if "/part_" in v.op.name]
     assert len(tables) == 2 * max(num_parts, 1), [v.op.name for v in tables]
@@ -147,10 +148,11 @@ class ExportTest(absltest.TestCase):
     self.assertEqual(signature["inputs"], {"images": ["float32", [None, 8, 8, 1]]})
     self.assertEqual(signature["outputs"], {"probabilities": ["float32", [None, 10]],
                                             "classes": ["int64", [None]]})
-    # The model's variables only: no global step, no Adam slots.
-    self.assertEqual(signature["variables"], [
+    # The model's variables and the step they were trained to; no Adam slots.
+    self.assertEqual(signature["variables"], ["global_step"] + [
         f"model/{layer}/{kind}" for layer in ("hidden0", "hidden1", "logits")
         for kind in ("bias", "kernel")])
+    self.assertEqual(signature["global_step"], [100])
     np.testing.assert_allclose(served["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
     np.testing.assert_array_equal(served["classes"], served["probabilities"].argmax(axis=1))
     accuracy = float(np.mean(served["classes"] == dataset.y_test))

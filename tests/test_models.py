@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.models: shapes, names, reuse, errors, training, sums.
+"""Tests for ps_trainer.models: shapes, names, reuse, errors, training, scores.
 
 Graph mode, no servers: every test builds its own tf.Graph and runs it in a
 local session.
@@ -10,7 +10,11 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
+from ps_trainer import data
 from ps_trainer import models
+from ps_trainer.models import model_fns
+from ps_trainer.user_model import graphs
+from ps_trainer.user_model import loading
 
 tf.compat.v1.disable_eager_execution()
 
@@ -140,6 +144,21 @@ class ModelErrorTest(tf.test.TestCase, parameterized.TestCase):
     self.assertIn(str(tuple(input_shape)), message)
     self.assertRegex(message, r"--model=mlp or linear")
 
+  def test_a_built_in_model_fn_says_so_in_its_own_words(self):
+    # Through the contract's call, as the trainer builds it: the message
+    # names the flags, with no file and line of the package.
+    cnn = models.built_in("cnn", models.params_for("cnn", (64,), 10))
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(
+          models.ModelError, r"^--model=cnn needs images of at least 4x4 "
+          r"\(H, W, C\); this data set's examples have shape \(64,\); use "
+          r"--model=mlp or linear$"):
+        graphs.call_model_fn(cnn, _features((64,)),
+                             tf.zeros([1], tf.int64), "train")
+    with self.assertRaisesRegex(
+        models.ModelError, r"^--model='resnet' is unknown; accepted: linear"):
+      models.built_in("resnet", {})
+
   def test_model_error_is_a_value_error(self):
     self.assertTrue(issubclass(models.ModelError, ValueError))
 
@@ -181,7 +200,7 @@ class TrainingTest(tf.test.TestCase, parameterized.TestCase):
     self.assertGreater(last_accuracy, 0.2)
 
 
-class EvalSumsTest(tf.test.TestCase, parameterized.TestCase):
+class ScoresTest(tf.test.TestCase):
   """Hand-computed figures.
 
   Rows (3 classes) and labels:
@@ -196,32 +215,21 @@ class EvalSumsTest(tf.test.TestCase, parameterized.TestCase):
                            np.float32))
   LABELS = [0, 2, 1, 2]
 
-  @parameterized.parameters(tf.int32, tf.int64)
-  def test_sums_are_exact(self, label_dtype):
-    with tf.Graph().as_default():
-      sums = models.eval_sums(tf.constant(self.LOGITS),
-                              tf.constant(self.LABELS, label_dtype))
-      with tf.compat.v1.Session() as session:
-        loss_sum, correct, count = session.run(sums)
-    self.assertAllClose(loss_sum, math.log(40.0), rtol=1e-6, atol=1e-6)
-    self.assertEqual(correct, 2.0)
-    self.assertEqual(count, 4)
-
-  def test_sums_of_batches_add_up_to_the_whole(self):
-    with tf.Graph().as_default():
-      labels = tf.constant(self.LABELS, tf.int64)
-      logits = tf.constant(self.LOGITS)
-      parts = [models.eval_sums(logits[i:i + 2], labels[i:i + 2])
-               for i in (0, 2)]
-      whole = models.eval_sums(logits, labels)
-      with tf.compat.v1.Session() as session:
-        parts, whole = session.run([parts, whole])
-    self.assertAllClose([sum(p[0] for p in parts)], [whole[0]])
-    self.assertEqual(sum(p[1] for p in parts), whole[1])
-    self.assertEqual(sum(p[2] for p in parts), whole[2])
-    # First pair: ln(5/3) + ln 4 with one correct.
-    self.assertAllClose(parts[0][0], math.log(20.0 / 3.0), rtol=1e-6)
-    self.assertEqual(parts[0][1], 1.0)
+  def test_scores_are_exact_over_batches_of_unequal_size(self):
+    # A model_fn whose logits are its features, scored in batches of 3 and 1.
+    held_out = data.DataSet("npz", (3,), 3, None, None, self.LOGITS,
+                            np.array(self.LABELS, np.int64))
+    identity = loading.UserModel(
+        model_fn=lambda features, labels, mode: model_fns.classifier_spec(
+            features, labels, mode), input_fn=None)
+    evaluation = graphs.Evaluation(identity,
+                                   lambda: data.test_input(held_out, 3))
+    with tf.compat.v1.Session(graph=evaluation.graph) as session:
+      scores = evaluation.evaluate(session)
+    self.assertAllClose(scores["loss"], math.log(40.0) / 4, rtol=1e-6)
+    self.assertEqual(scores["accuracy"], 0.5)
+    self.assertEqual(scores["examples"], 4)
+    self.assertEqual(sorted(scores["metrics"]), ["accuracy", "loss"])
 
   def test_loss_and_accuracy_are_the_means(self):
     with tf.Graph().as_default():
@@ -231,13 +239,6 @@ class EvalSumsTest(tf.test.TestCase, parameterized.TestCase):
         loss, accuracy = session.run([loss, accuracy])
     self.assertAllClose(loss, math.log(40.0) / 4, rtol=1e-6)
     self.assertEqual(accuracy, 0.5)
-
-  def test_empty_batch_sums_to_zero(self):
-    with tf.Graph().as_default():
-      sums = models.eval_sums(tf.zeros([0, 3]), tf.zeros([0], tf.int64))
-      with tf.compat.v1.Session() as session:
-        loss_sum, correct, count = session.run(sums)
-    self.assertEqual((loss_sum, correct, count), (0.0, 0.0, 0))
 
 
 if __name__ == "__main__":

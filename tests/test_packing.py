@@ -15,7 +15,7 @@ CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 
 
 def _model(features):
-  """A two-layer model from get_variable, as models.py builds them."""
+  """A two-layer model from get_variable, as models/networks.py builds them."""
   with tf.compat.v1.variable_scope("model", reuse=tf.compat.v1.AUTO_REUSE):
     w1 = tf.compat.v1.get_variable(
         "w1", initializer=np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3))

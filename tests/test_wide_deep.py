@@ -42,7 +42,7 @@ def _build(num_ps):
   features, labels = _inputs()
   logits = models.build_logits(
       "wide_deep", features, (_DENSE,), 2, (8,), vocab_size=_VOCAB,
-      embedding_dim=_DIM, partitioner=placement.table_partitioner(num_ps))
+      embedding_dim=_DIM, partitioner=tf.compat.v1.fixed_size_partitioner(max(num_ps, 1)))
   loss, _ = models.loss_and_accuracy(logits, labels)
   return features, labels, logits, loss
 

@@ -347,34 +347,36 @@ def _unbatched(spec):
   return tf.TensorSpec(shape, spec.dtype)
 
 
-def serving_inputs(specs) -> tuple:
+def serving_inputs(specs, name: str = "features") -> tuple:
   """(name -> placeholder, the features as the model reads them).
 
   A dense feature is a placeholder of its own spec. A sparse integer
   feature is served as a dense batch padded with SPARSE_PADDING, read back
-  as a SparseTensor of its non-negative entries.
+  as a SparseTensor of its non-negative entries (tf.where keeps row-major
+  order, as lookups expect). Features that are one tensor are served
+  under `name`.
 
   Raises:
     ModelFnError: a sparse feature of another dtype.
   """
-  named = (specs if isinstance(specs, dict) else {"features": specs})
+  named = (specs if isinstance(specs, dict) else {name: specs})
   inputs, features = {}, {}
-  for name, spec in named.items():
+  for key, spec in named.items():
     if isinstance(spec, tf.SparseTensorSpec):
       if not spec.dtype.is_integer:
         raise spec_lib.ModelFnError(
-            f"the sparse feature {name!r} is {spec.dtype.name}; only integer "
+            f"the sparse feature {key!r} is {spec.dtype.name}; only integer "
             "sparse features (ids) can be served")
-      dense = tf.compat.v1.placeholder(spec.dtype, [None, None], name=name)
+      dense = tf.compat.v1.placeholder(spec.dtype, [None, None], name=key)
       present = tf.where(tf.greater_equal(dense, 0))
-      features[name] = tf.SparseTensor(
+      features[key] = tf.SparseTensor(
           present, tf.gather_nd(dense, present),
           tf.shape(dense, out_type=tf.int64))
-      inputs[name] = dense
+      inputs[key] = dense
     else:
-      inputs[name] = features[name] = tf.compat.v1.placeholder(
-          spec.dtype, spec.shape, name=name)
-  return inputs, (features if isinstance(specs, dict) else features["features"])
+      inputs[key] = features[key] = tf.compat.v1.placeholder(
+          spec.dtype, spec.shape, name=key)
+  return inputs, (features if isinstance(specs, dict) else features[name])
 
 
 def serving_outputs(user: loading.UserModel, features) -> dict:

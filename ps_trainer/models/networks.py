@@ -1,23 +1,26 @@
-"""Model builders: features -> logits, from get_variable and tf.nn ops.
+"""The built-in networks: features -> logits, from get_variable and tf.nn ops.
 
-Keras layers do not work in TF1 graph mode on TF 2.21, and plain
-`get_variable` keeps every variable visible to the device function and to
-partitioners. Models know nothing of clusters: wide_deep is handed a
+Plain `get_variable` keeps every variable visible to the device function and
+to partitioners. Networks know nothing of clusters: wide_deep is handed a
 partitioner for its tables and does not ask how many parts there are or
-where they go. Variables live under the "model" scope with AUTO_REUSE, so the
-training and evaluation graphs share them.
+where they go. Variables live under the "model" scope with AUTO_REUSE.
 """
 
 import numpy as np
 import tensorflow as tf
+
+from ps_trainer.user_model import spec as spec_lib
 
 MODELS = ("linear", "mlp", "cnn", "wide_deep")
 # Every model variable is under it (checkpoints.py tells models apart by it).
 SCOPE = "model"
 
 
-class ModelError(ValueError):
-  """A model that cannot be built for this data. The message is one line."""
+class ModelError(spec_lib.ModelFnError):
+  """A model that cannot be built for this data. The message is one line.
+
+  A ModelFnError, so the contract's calls pass it on as it is: a built-in
+  model's message names the flags, not a file and line of the package."""
 
 
 def build_logits(model: str, features, input_shape: tuple,
@@ -130,8 +133,11 @@ def _wide_deep(features: dict, vocab_size: int, embedding_dim: int,
         "embedding", [vocab_size, embedding_dim], partitioner=partitioner,
         initializer=tf.compat.v1.truncated_normal_initializer(
             stddev=1.0 / np.sqrt(embedding_dim)))
+  dense = features.get("dense")
+  if dense is None:  # Served without dense features: an empty row each.
+    dense = tf.zeros(tf.stack([tf.cast(ids.dense_shape[0], tf.int32), 0]))
   net = tf.concat([tf.compat.v1.nn.safe_embedding_lookup_sparse(
-      embedding, hashed, combiner="mean"), features["dense"]], axis=1)
+      embedding, hashed, combiner="mean"), dense], axis=1)
   for i, units in enumerate(hidden_units):
     net = tf.nn.relu(_dense(net, units, f"hidden{i}"))
   click_logit = wide + _dense(net, 1, "deep_logit")
@@ -148,14 +154,3 @@ def loss_and_accuracy(logits: tf.Tensor, labels: tf.Tensor):
 def _correct(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
   predicted = tf.argmax(logits, axis=1, output_type=labels.dtype)
   return tf.cast(tf.equal(predicted, labels), tf.float32)
-
-
-def eval_sums(logits: tf.Tensor, labels: tf.Tensor):
-  """Summed loss, correct predictions and example count of a batch.
-
-  Sums, not means, so batches of any size add up to exact test-set figures.
-  """
-  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=labels, logits=logits)
-  return (tf.reduce_sum(losses), tf.reduce_sum(_correct(logits, labels)),
-          tf.size(labels))
