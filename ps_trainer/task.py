@@ -98,10 +98,12 @@ def _run_role(cfg: config_lib.Config, stop: stops.StopRequest,
   if info is not None and info.job_name == "evaluator":
     evaluator.run(cfg, dataset, stop)
     return 0
+  # Built before the server starts: a model_fn or input_fn that breaks the
+  # contract is one line before this task opens a port or prints anything.
+  graph = trainer.build(cfg, dataset)
   target = ""
   if info is not None:
     target = server_lib.start_server(info).target
-  graph = trainer.build(cfg, dataset)  # Its errors come before any output.
   print(f"{_describe(cfg)}; log dir {cfg.train.log_dir or '(none)'}"
         f"{host_cores.pinned_note()}", flush=True)
   if info is not None:

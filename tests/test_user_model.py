@@ -5,6 +5,7 @@ ps_trainer.testing, plus one run of the real binary per bad input."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -213,9 +214,23 @@ class BinaryBadInputTest(parameterized.TestCase):
       ("input_fn_with_built_in_model", [f"--input_fn={_MODELS}:input_fn"],
        r"--input_fn=.* needs your own model .* --model=mlp is built in"))
   def test_exit_2_with_one_line(self, argv, pattern):
+    self._assert_one_line(argv, "127.0.0.1:2", pattern)
+
+  def test_a_model_fn_that_raises_is_named_before_the_server_starts(self):
+    # This worker's own port is taken: had its server started first, the
+    # error would be the port's.
+    with socket.socket() as taken:
+      taken.bind(("127.0.0.1", 0))
+      taken.listen()
+      self._assert_one_line(
+          [f"--model={_MODELS}:raises", f"--input_fn={_MODELS}:input_fn"],
+          f"127.0.0.1:{taken.getsockname()[1]}",
+          r"raised in mode 'train': ValueError: units must be positive")
+
+  def _assert_one_line(self, argv, worker_host, pattern):
     process = subprocess.run(
         [sys.executable, "-m", "ps_trainer", *argv, "--train_steps=5",
-         "--ps_hosts=127.0.0.1:1", "--worker_hosts=127.0.0.1:2", "--job_name=worker",
+         "--ps_hosts=127.0.0.1:1", f"--worker_hosts={worker_host}", "--job_name=worker",
          "--task_index=0", f"--log_dir={tempfile.mkdtemp()}"],
         capture_output=True, text=True, timeout=120, env=testutil.trainer_env(),
         cwd=os.path.dirname(_MODELS))

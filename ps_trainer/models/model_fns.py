@@ -83,6 +83,8 @@ def classifier_spec(logits: tf.Tensor, labels, mode: str) -> ModelSpec:
   loss, accuracy = networks.loss_and_accuracy(logits, labels)
   if mode == ModeKeys.TRAIN:
     tf.compat.v1.summary.scalar("train_accuracy", accuracy)
+    return ModelSpec(mode, loss=loss, predictions=predictions)
+  # Only here: a metric's counters are variables, of no use to training.
   return ModelSpec(mode, loss=loss, predictions=predictions,
                    eval_metric_ops={"accuracy": tf.compat.v1.metrics.accuracy(
                        labels, tf.cast(predictions["classes"], labels.dtype))})
