@@ -2,11 +2,12 @@
 
 `load` reads a data set into numpy arrays (the ones read whole are
 data_sets.py's, file formats readers.py's) and reports every bad input as a
-one-line DataError. `train_input` and `test_input` turn a DataSet into
-graph-mode tf.data pipelines.
+one-line DataError. `input_fn` makes a DataSet an input_fn on the model
+contract, as a user's: `train_dataset` and `test_dataset` are its
+graph-mode tf.data pipelines, `iterator_input` reads one.
 
 In-memory arrays enter the graph through placeholders fed once, when the
-iterator's initializer runs, never as graph constants (they can be hundreds of
+iterator's initializer runs (`feeds` names them), never as graph constants (they can be hundreds of
 MB, and constants would be copied into every GraphDef sent to the cluster) and
 never through feed_dict on every step (slow with many replicas).
 
@@ -34,10 +35,12 @@ from ps_trainer import synthetic
 from ps_trainer import tfrecords
 from ps_trainer.data_sets import DataSet
 from ps_trainer.readers import DataError
+from ps_trainer.user_model.spec import ModeKeys
 
 __all__ = ["DATASETS", "DataError", "DataSet", "INPUT_THREAD_NAME", "Input",
-           "feature_specs", "find_bad_records", "load", "may_be_bad_records", "train_input",
-           "test_input", "without_autotune"]
+           "TEST_BATCH_SIZE", "feature_specs", "feeds", "find_bad_records",
+           "input_fn", "iterator_input", "load", "may_be_bad_records", "test_dataset",
+           "train_dataset", "without_autotune"]
 
 DATASETS = ("digits", "synthetic", "mnist", "npz", "tfrecord")
 
@@ -138,8 +141,8 @@ def not_converted(function):
   return tf.autograph.experimental.do_not_convert(function)
 
 
-def train_input(ds, batch_size, num_shards, shard_index, seed):
-  """Builds this worker's endless training pipeline.
+def train_dataset(ds, batch_size, num_shards, shard_index, seed):
+  """This worker's endless training batches.
 
   Worker shard_index reads examples shard_index, shard_index + num_shards, ...
   (the assignment of Dataset.shard), shuffled with seed + shard_index and
@@ -159,8 +162,8 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
     seed: base random seed (--seed).
 
   Returns:
-    An Input. Run its initializer, if any (tfrecord has none), with its
-    feed_dict (empty for synthetic).
+    A tf.data.Dataset of (features, labels); arrays enter it through
+    placeholders that feeds() names.
 
   Raises:
     DataError: bad batch_size or shard arguments, or fewer training examples
@@ -170,45 +173,58 @@ def train_input(ds, batch_size, num_shards, shard_index, seed):
   readers.check_shard(num_shards, shard_index)
   shard_seed = seed + shard_index
   if ds.records is not None:
-    return _iterator_input(tfrecords.train_dataset(
-        ds.records, batch_size, num_shards, shard_index, seed),
-                           initializable=False)
+    return tfrecords.train_dataset(ds.records, batch_size, num_shards,
+                                   shard_index, seed)
   if ds.x_train is None:  # synthetic: generated here, endless by itself.
     dataset = tf.data.Dataset.counter().map(not_converted(
         lambda step: synthetic.batch(step, batch_size, shard_seed)))
-    # Its own thread holds a pool resource, which a one-shot iterator cannot.
-    return _iterator_input(_on_input_thread(dataset.prefetch(tf.data.AUTOTUNE)),
-                           initializable=True)
+    # Its own thread holds a pool resource: the iterator is initializable.
+    return _on_input_thread(dataset.prefetch(tf.data.AUTOTUNE))
   if len(ds.x_train) < num_shards:
     raise DataError(
         f"--dataset={ds.name}: {len(ds.x_train)} training examples cannot "
         f"give each of {num_shards} workers at least one; use fewer workers")
-  return _array_input(ds.x_train[shard_index::num_shards],
-                      ds.y_train[shard_index::num_shards], batch_size,
-                      shuffle_seed=shard_seed)
+  return _array_dataset(ds.x_train[shard_index::num_shards],
+                        ds.y_train[shard_index::num_shards], batch_size,
+                        shuffle_seed=shard_seed)
 
 
-def test_input(ds, batch_size):
-  """Builds a pipeline reading the whole test split once, in order.
-
-  The last batch may be smaller than batch_size. After the pass, reading
-  raises tf.errors.OutOfRangeError; running the initializer again restarts.
-
-  Args:
-    ds: the DataSet.
-    batch_size: examples per batch.
-
-  Returns:
-    An Input whose initializer must be run with its feed_dict.
+def test_dataset(ds, batch_size):
+  """The whole test split once, in order. The last batch may be smaller
+  than batch_size.
 
   Raises:
     DataError: bad batch_size.
   """
   readers.check_positive(batch_size, "--batch_size")
   if ds.records is not None:
-    return _iterator_input(tfrecords.test_dataset(ds.records, batch_size),
-                           initializable=True)
-  return _array_input(ds.x_test, ds.y_test, batch_size, shuffle_seed=None)
+    return tfrecords.test_dataset(ds.records, batch_size)
+  return _array_dataset(ds.x_test, ds.y_test, batch_size, shuffle_seed=None)
+
+
+# Batches of the test split when it is scored.
+TEST_BATCH_SIZE = 1000
+
+
+def input_fn(ds, batch_size, seed):
+  """--dataset as an input_fn on the model contract: in mode "train" this
+  worker's endless shard (train_dataset), else the test split in batches of
+  TEST_BATCH_SIZE. Raises DataError as they do."""
+  def dataset_input_fn(mode, input_context):
+    if mode == ModeKeys.TRAIN:
+      return train_dataset(ds, batch_size, input_context.num_input_pipelines,
+                           input_context.input_pipeline_id, seed)
+    return test_dataset(ds, TEST_BATCH_SIZE)
+  return dataset_input_fn
+
+
+_FEEDS = "ps_trainer/input_feeds"
+
+
+def feeds(graph: tf.Graph) -> dict:
+  """placeholder -> numpy array: what the iterators over arrays of `graph`
+  need fed when their initializers run."""
+  return dict(graph.get_collection(_FEEDS))
 
 
 def feature_specs(ds):
@@ -256,20 +272,18 @@ def without_autotune(dataset):
   return dataset.with_options(options)
 
 
-def _iterator_input(dataset, initializable):
-  """An Input over a tf.data pipeline that needs nothing fed."""
-  dataset = without_autotune(dataset)
-  if not initializable:
-    features, labels = tf.compat.v1.data.make_one_shot_iterator(
-        dataset).get_next()
-    return Input(features, labels, None, {})
-  iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
+def iterator_input(dataset):
+  """An Input over a tf.data pipeline in the default graph, with an
+  initializable iterator, fed what the graph's arrays need (feeds)."""
+  iterator = tf.compat.v1.data.make_initializable_iterator(
+      without_autotune(dataset))
   features, labels = iterator.get_next()
-  return Input(features, labels, iterator.initializer, {})
+  return Input(features, labels, iterator.initializer,
+               feeds(tf.compat.v1.get_default_graph()))
 
 
-def _array_input(x, y, batch_size, shuffle_seed):
-  """Pipeline over arrays fed through placeholders.
+def _array_dataset(x, y, batch_size, shuffle_seed):
+  """Batches of arrays fed through placeholders (see feeds).
 
   Args:
     x: float32 [N, ...].
@@ -277,13 +291,12 @@ def _array_input(x, y, batch_size, shuffle_seed):
     batch_size: examples per batch.
     shuffle_seed: None for one ordered pass keeping the last partial batch;
       else an endless, shuffled stream of full batches.
-
-  Returns:
-    An Input.
   """
   x_in = tf.compat.v1.placeholder(tf.float32, (None,) + x.shape[1:],
                                   name="features")
   y_in = tf.compat.v1.placeholder(tf.int64, (None,), name="labels")
+  tf.compat.v1.add_to_collection(_FEEDS, (x_in, x))
+  tf.compat.v1.add_to_collection(_FEEDS, (y_in, y))
   # Sized from the fed array, so the graph does not depend on N.
   count = tf.shape(y_in, out_type=tf.int64)[0]
   dataset = tf.data.Dataset.range(count)
@@ -293,7 +306,4 @@ def _array_input(x, y, batch_size, shuffle_seed):
   dataset = dataset.batch(batch_size, drop_remainder=shuffle_seed is not None)
   dataset = dataset.map(
       not_converted(lambda i: (tf.gather(x_in, i), tf.gather(y_in, i))))
-  dataset = without_autotune(dataset.prefetch(tf.data.AUTOTUNE))
-  iterator = tf.compat.v1.data.make_initializable_iterator(dataset)
-  features, labels = iterator.get_next()
-  return Input(features, labels, iterator.initializer, {x_in: x, y_in: y})
+  return dataset.prefetch(tf.data.AUTOTUNE)

@@ -126,7 +126,7 @@ def _serving(cfg, dataset) -> tuple:
   # any slice - here the whole table - from them. The export then does not
   # depend on the cluster.
   user = model_parts.model_of(cfg, dataset, whole_tables=True)
-  if user.input_fn is not None:
+  if cfg.model.input_fn:  # The user's own.
     specs, name = graphs.feature_specs(user), "features"
   else:
     specs = data.feature_specs(dataset)

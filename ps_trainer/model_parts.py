@@ -49,24 +49,31 @@ class ModelParts:
 
 def model_of(cfg: config_lib.Config, dataset: data.DataSet,
              whole_tables: bool = False) -> loading.UserModel:
-  """The run's model as a model_fn: the user's, or the built-in --model's
-  on this data set. `whole_tables` keeps a built-in's tables in one part
+  """The run's model and input as functions on the contract: the user's
+  model_fn or the built-in --model's, and the user's input_fn or
+  --dataset's reader. `whole_tables` keeps a built-in's tables in one part
   (a graph that only restores checkpoints: a restore assembles the parts).
 
   Raises:
     ModelError: no built-in model is named so.
   """
-  if cfg.model.user is not None:
-    return cfg.model.user
-  return models.built_in(cfg.model.model, models.params_for(
-      cfg.model.model, dataset.input_shape, dataset.num_classes,
-      cfg.model.hidden_units, cfg.model.vocab_size, cfg.model.embedding_dim,
-      table_parts=None if whole_tables else max(cfg.num_ps, 1)))
+  user = cfg.model.user
+  if user is None:
+    user = models.built_in(cfg.model.model, models.params_for(
+        cfg.model.model, dataset.input_shape, dataset.num_classes,
+        cfg.model.hidden_units, cfg.model.vocab_size, cfg.model.embedding_dim,
+        table_parts=None if whole_tables else max(cfg.num_ps, 1)))
+  if user.input_fn is None:
+    user = dataclasses.replace(
+        user, input_fn=data.input_fn(dataset, cfg.data.batch_size,
+                                     cfg.train.seed),
+        input_name=f"--dataset={dataset.name}")
+  return user
 
 
 def build(cfg: config_lib.Config, dataset: data.DataSet,
           global_step: tf.Variable) -> ModelParts:
-  """The run's model_fn on its input_fn (or on --dataset), in the default
+  """The run's model_fn on its input_fn, in the default
   graph under the caller's device function. Large variables are split over
   the PS tasks (--partition_min_bytes); in a cluster, each PS's variables
   that the model reads whole cross in one packed read.
@@ -78,14 +85,11 @@ def build(cfg: config_lib.Config, dataset: data.DataSet,
   user = model_of(cfg, dataset)
   partitioning = placement.size_partitioning_getter(
       cfg.num_ps, cfg.model.partition_min_bytes)
-  if user.input_fn is not None:
-    train_input = graphs.train_input(user, cfg.num_workers, cfg.replica_index)
-    examples = graphs.batch_size_of(train_input.features)
-  else:
-    train_input = data.train_input(
-        dataset, cfg.data.batch_size, num_shards=cfg.num_workers,
-        shard_index=cfg.replica_index, seed=cfg.train.seed)
-    examples = None
+  train_input = graphs.train_input(user, cfg.num_workers, cfg.replica_index)
+  # A user's input_fn batches by itself: count what it yields. --dataset's
+  # batches are --batch_size.
+  examples = (graphs.batch_size_of(train_input.features)
+              if cfg.model.input_fn else None)
   graph = tf.compat.v1.get_default_graph()
   updates_before = set(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
   with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
@@ -119,14 +123,7 @@ def build(cfg: config_lib.Config, dataset: data.DataSet,
       training_hooks=tuple(spec.training_hooks), examples=examples)
 
 
-# Batches of the held-out split of a --dataset.
-EVAL_BATCH_SIZE = 1000
-
-
 def held_out_input(cfg: config_lib.Config, dataset: data.DataSet) -> data.Input:
-  """The held-out split a model is scored on: the user's input_fn in EVAL
-  mode, else --dataset's test split."""
-  user = cfg.model.user
-  if user is not None and user.input_fn is not None:
-    return graphs.eval_input(user)
-  return data.test_input(dataset, EVAL_BATCH_SIZE)
+  """The held-out split a model is scored on: the input_fn in EVAL mode
+  (--dataset's: its test split)."""
+  return graphs.eval_input(model_of(cfg, dataset))

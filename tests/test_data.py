@@ -22,6 +22,16 @@ from ps_trainer import synthetic
 import testutil
 
 
+def _train_input(*args, **kwargs):
+  """This worker's training pipeline with its iterator, as the trainer reads it."""
+  return data.iterator_input(data.train_dataset(*args, **kwargs))
+
+
+def _test_input(*args, **kwargs):
+  """The test split's pipeline with its iterator, as the trainer scores it."""
+  return data.iterator_input(data.test_dataset(*args, **kwargs))
+
+
 class LoadTest(parameterized.TestCase):
 
   def test_the_config_knows_which_data_sets_read_which_flag(self):
@@ -138,7 +148,7 @@ def _cpu_seconds(thread):
 def _train_labels(ds, batch_size, batches, num_shards=1, shard_index=0,
                   seed=0):
   with tf.Graph().as_default():
-    return _read(data.train_input(ds, batch_size, num_shards, shard_index,
+    return _read(_train_input(ds, batch_size, num_shards, shard_index,
                                   seed), batches)[1]
 
 
@@ -147,7 +157,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
   def test_train_batches_of_digits(self):
     ds = data.load("digits")
     with tf.Graph().as_default():
-      pipeline = data.train_input(ds, 32, 2, 1, seed=3)
+      pipeline = _train_input(ds, 32, 2, 1, seed=3)
       self.assertEqual(pipeline.features.shape.as_list(), [32, 8, 8, 1])
       self.assertEqual(pipeline.features.dtype, tf.float32)
       self.assertEqual(pipeline.labels.dtype, tf.int64)
@@ -159,7 +169,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
   def test_arrays_are_fed_not_embedded(self):
     ds = _index_data_set(5000, (64,))
     with tf.Graph().as_default() as graph:
-      pipeline = data.train_input(ds, 8, 1, 0, seed=0)
+      pipeline = _train_input(ds, 8, 1, 0, seed=0)
       graph_bytes = graph.as_graph_def().ByteSize()
     self.assertLess(graph_bytes, 100_000)  # the array alone is 1.3 MB
     self.assertLen(pipeline.feed_dict, 2)
@@ -200,7 +210,7 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
   def test_test_input_reads_each_example_once(self):
     ds = _index_data_set(20)  # test split: examples 0..9
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
-      pipeline = data.test_input(ds, 4)
+      pipeline = _test_input(ds, 4)
       for _ in range(2):  # the initializer restarts the pass
         sess.run(pipeline.initializer, pipeline.feed_dict)
         sizes, seen = [], []
@@ -229,8 +239,8 @@ clicks.write_click_set(sys.argv[2], num_train=64, num_test=16, vocab=50, num_sha
 for ds in (data.load("digits"), data.load("synthetic"),
            data.load("tfrecord", data_dir=sys.argv[2])):
   with tf.Graph().as_default():
-    data.train_input(ds, 8, 1, 0, seed=0)
-    data.test_input(ds, 8)
+    data.iterator_input(data.train_dataset(ds, 8, 1, 0, seed=0))
+    data.iterator_input(data.test_dataset(ds, 8))
 print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
 """
     out = subprocess.run([sys.executable, "-c", script, tmp, clicks_dir], capture_output=True,
@@ -246,8 +256,8 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     for ds in (data.load("digits"), data.load("synthetic"),
                data.load("tfrecord", data_dir=clicks_dir)):
       with self.subTest(ds.name), tf.Graph().as_default() as graph:
-        data.train_input(ds, 8, 2, 1, seed=0)
-        data.test_input(ds, 8)
+        _train_input(ds, 8, 2, 1, seed=0)
+        _test_input(ds, 8)
         options = _iterated_options(graph)
         self.assertLen(options, 2)  # The training and the test iterator.
         for option in options:
@@ -258,7 +268,7 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
   def test_synthetic_pipeline(self):
     ds = data.load("synthetic")
     with tf.Graph().as_default():
-      pipeline = data.train_input(ds, 16, 2, 0, seed=1)
+      pipeline = _train_input(ds, 16, 2, 0, seed=1)
       self.assertIsNotNone(pipeline.initializer)  # Its thread pool needs one.
       self.assertEqual(pipeline.feed_dict, {})
       self.assertEqual(pipeline.features.shape.as_list(), [16, 28, 28, 1])
@@ -281,7 +291,7 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     # Pipelines of earlier tests in this process may keep theirs.
     earlier = set(host_cores.threads_named(data.INPUT_THREAD_NAME))
     with tf.Graph().as_default():
-      pipeline = data.train_input(ds, 64, 1, 0, seed=0)
+      pipeline = _train_input(ds, 64, 1, 0, seed=0)
       with tf.compat.v1.Session() as sess:
         sess.run(pipeline.initializer)
         threads = [thread for thread in
@@ -302,7 +312,7 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     # move the mean pixel by 0.02 and the share of pixels clipped at 1 by 0.015.
     ds = data.load("synthetic")
     with tf.Graph().as_default():
-      features, _ = _read(data.train_input(ds, 500, 1, 0, seed=5), 4)
+      features, _ = _read(_train_input(ds, 500, 1, 0, seed=5), 4)
     numpy_features, _ = synthetic.arrays(2000, seed=11)
 
     def summary(x):
@@ -313,8 +323,8 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
   def test_synthetic_learnable_by_linear_model(self):
     ds = data.load("synthetic")
     with tf.Graph().as_default():
-      train = data.train_input(ds, 64, 1, 0, seed=0)
-      test = data.test_input(ds, 500)
+      train = _train_input(ds, 64, 1, 0, seed=0)
+      test = _test_input(ds, 500)
       weights = tf.Variable(tf.zeros([28 * 28, 10]))
       bias = tf.Variable(tf.zeros([10]))
       logits = lambda x: tf.matmul(tf.reshape(x, [-1, 28 * 28]), weights) + bias
@@ -345,7 +355,7 @@ print(sorted(n for n in os.listdir(sys.argv[1]) if "autograph" in n))
     args.update(override)
     with tf.Graph().as_default():
       with self.assertRaisesRegex(data.DataError, message):
-        data.train_input(_index_data_set(3), **args)
+        _train_input(_index_data_set(3), **args)
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ class ScoresTest(tf.test.TestCase):
         model_fn=lambda features, labels, mode: model_fns.classifier_spec(
             features, labels, mode), input_fn=None)
     evaluation = graphs.Evaluation(identity,
-                                   lambda: data.test_input(held_out, 3))
+                                   lambda: data.iterator_input(data.test_dataset(held_out, 3)))
     with tf.compat.v1.Session(graph=evaluation.graph) as session:
       scores = evaluation.evaluate(session)
     self.assertAllClose(scores["loss"], math.log(40.0) / 4, rtol=1e-6)

@@ -99,7 +99,7 @@ def call_input_fn(user: loading.UserModel, mode: str,
   Raises:
     ModelFnError: no Dataset, elements that are not pairs, or it raised.
   """
-  where = f"--input_fn={user.input_name}"
+  where = user.input_flag
   available = dict(mode=mode, input_context=context, params=user.params_dict())
   dataset = _guarded(lambda: spec_lib.call_with_named_args(
       user.input_fn, available, loading.INPUT_FN_ARGS, where), where, mode)
@@ -126,8 +126,8 @@ def _guarded(call: Callable, where: str, mode: str):
   """call(), with the user's own exception turned into one ModelFnError."""
   try:
     return call()
-  except spec_lib.ModelFnError:
-    raise
+  except (spec_lib.ModelFnError, data.DataError):
+    raise  # Already one line: a broken contract, or --dataset's own error.
   except Exception as e:  # pylint: disable=broad-except
     if os.environ.get(TRACEBACK_ENV):
       raise
@@ -154,7 +154,7 @@ def train_input(user: loading.UserModel, num_workers: int,
   shards differ in size: none runs dry while the others wait in sync)."""
   dataset = call_input_fn(user, ModeKeys.TRAIN,
                           input_context(num_workers, index)).repeat()
-  return iterator_input(dataset)
+  return data.iterator_input(dataset)
 
 
 def eval_input(user: loading.UserModel) -> data.Input:
@@ -166,11 +166,11 @@ def eval_input(user: loading.UserModel) -> data.Input:
   dataset = call_input_fn(user, ModeKeys.EVAL, input_context(1, 0))
   if _is_endless(dataset):
     raise spec_lib.ModelFnError(
-        f"--input_fn={user.input_name} returned an endless dataset in mode "
+        f"{user.input_flag} returned an endless dataset in mode "
         "'eval' (a repeat() without a count?); the held-out split is scored "
         "in one pass: repeat only in mode 'train', or not at all (the "
         "trainer repeats it)")
-  return iterator_input(dataset)
+  return data.iterator_input(dataset)
 
 
 def _is_endless(dataset: tf.data.Dataset) -> bool:
@@ -184,13 +184,6 @@ def _is_endless(dataset: tf.data.Dataset) -> bool:
   except (tf.errors.OpError, ValueError, TypeError):
     return False
   return int(value) == int(tf.data.INFINITE_CARDINALITY)
-
-
-def iterator_input(dataset: tf.data.Dataset) -> data.Input:
-  iterator = tf.compat.v1.data.make_initializable_iterator(
-      data.without_autotune(dataset))
-  features, labels = iterator.get_next()
-  return data.Input(features, labels, iterator.initializer, {})
 
 
 def batch_size_of(features) -> tf.Tensor:

@@ -30,7 +30,7 @@ class UserModel:
       (features, labels); None: --dataset supplies the input.
     params: the --params JSON as a string (each call gets a fresh dict).
     model_name: names the model_fn in messages and in result.json.
-    input_name: names the input_fn, or "".
+    input_name: names the input_fn, or its flag ("--dataset=digits"), or "".
   """
   model_fn: Callable
   input_fn: Optional[Callable]
@@ -40,6 +40,14 @@ class UserModel:
 
   def params_dict(self) -> dict:
     return json.loads(self.params)
+
+  @property
+  def input_flag(self) -> str:
+    """The flag that names the input in messages: --input_fn=..., or the
+    flag itself when input_name is one (--dataset=digits)."""
+    if self.input_name.startswith("--"):
+      return self.input_name
+    return f"--input_fn={self.input_name}"
 
 
 def name_of(function: Optional[Callable]) -> str:
