@@ -7,7 +7,9 @@
 #   - prints Bazel's summary and a closing "bazel: N passed, N failed" line, and exits with
 #     Bazel's status (or 1 if the lint failed or no test ran).
 # Arguments replace the default //... (e.g. `tools/bazel_check.sh //tests:test_data`, or
-# `tools/bazel_check.sh -- //... -//tests:test_launch_local`).
+# `tools/bazel_check.sh -- //... -//tests:test_launch_local`); options among them go to
+# `bazel test`: CI's `--test_tag_filters=ci_smoke //...` builds every target and runs only the
+# tests tagged so (pytest has run them all just before).
 #
 # Under CI (CI set) the clone is new each run, so its Bazel output base can never be reused:
 # it is deleted at the end (`bazel clean --expunge`, which also stops the Bazel server).
