@@ -37,7 +37,7 @@ Usage:
       trainer's bare step (its floor) on the cluster and in one process, in turns (N rounds,
       default 3), then 2 workers async and sync; prints steps/s, examples/s, the ratio to local and
       where a traced step's time goes.
-      Default work: the reference MLP on synthetic data (README: Performance); trainer flags
+      Default work: the reference MLP on synthetic data (docs/performance.md); trainer flags
       replace parts of it.
   ./launch.sh compare --out_dir=DIR [--num_ps=N] [--num_workers=M] [--target_loss=X] [--no_isolate]
                       [trainer flags...]
@@ -46,8 +46,8 @@ Usage:
       steps to a target loss, loss curves, and the async gradient staleness distribution.
   ./launch.sh plan [--num_ps=N] [--num_workers=M] [--format=json] [trainer flags...]
       Show where every variable and table part would go (default 1 PS, 2 workers), the bytes on
-      each PS and the bytes a worker moves per step, without starting anything (README: Large
-      models). Trainer flags pick the model and data, as for the run.
+      each PS and the bytes a worker moves per step, without starting anything
+      (docs/large-models.md). Trainer flags pick the model and data, as for the run.
   ./launch.sh clicks --out_dir=DIR [--train_examples=N] [--test_examples=N] [--vocab=N] [--shards=N]
                      [--dense_dim=D] [--seed=S]
       Write a synthetic click data set for --model=wide_deep --dataset=tfrecord --data_dir=DIR

@@ -219,7 +219,7 @@ def _check_model_reads_data(model: str, dataset: str) -> None:
     raise ConfigError(
         f"--model=wide_deep needs click records with sparse ids, but "
         f"--dataset={dataset} holds dense examples; use --dataset=tfrecord "
-        "--data_dir=DIR (README: Large models)")
+        "--data_dir=DIR (docs/large-models.md)")
   if dataset == "tfrecord" and model != "wide_deep":
     raise ConfigError(
         f"--dataset=tfrecord holds click records (sparse ids, dense features, "

@@ -93,7 +93,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> list:
   define_string("data_dir", "",
                 "Directory with the four MNIST IDX files (--dataset=mnist), "
                 "or with train* and test* TFRecord files of tf.train.Example "
-                "click records (--dataset=tfrecord; README: Large models).")
+                "click records (--dataset=tfrecord; docs/large-models.md).")
   define_string("data_path", "",
                       "Keras-layout .npz file (--dataset=npz).")
   # How to train.

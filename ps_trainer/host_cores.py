@@ -7,7 +7,7 @@ share: that many threads per op pool and, when every task can have cores of
 its own, those cores alone (sched_setaffinity). Pinned, a task's gRPC, op and
 Python threads hand work to each other on one core and the OS no longer moves
 them between cores mid-step: 1 PS + 1 worker on 2 cores went from about 175
-to 195 steps/s on the reference MLP (README, Performance).
+to 195 steps/s on the reference MLP (docs/performance.md).
 
 One exception: a worker's input thread, which draws batches ahead of the
 step, is released to all the host's cores at the lowest priority once it

@@ -194,8 +194,8 @@ class _AnnouncedCreator(train.SessionCreator):
 
   def _say_repeat(self, unused_error: Exception) -> None:
     errors.say(f"{self._who}: TensorFlow turned a run away as a repeat of an "
-               "earlier one (its request ids repeat by chance: README, "
-               "Faults); running it again")
+               "earlier one (its request ids repeat by chance: "
+               "docs/faults-and-recovery.md); running it again")
 
 
 def monitored_session(*, who: str, is_chief: bool, target: str, config,

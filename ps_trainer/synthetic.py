@@ -23,7 +23,7 @@ _TEMPLATE_SEED = 20240101
 # normal ones (Box-Muller). A Gaussian batch cost 0.5-0.9 ms of a core, as
 # much as half the reference model's step; on a host whose cores the PS and
 # the worker share, the bench then measured the random numbers as much as the
-# cluster (README, Performance, item 6).
+# cluster (docs/performance.md, item 6).
 _NOISE_STDDEV = 0.5
 _NOISE_HALF_WIDTH = _NOISE_STDDEV * 3 ** 0.5  # U(-a, a) has std a / sqrt(3).
 _CONTRAST_RANGE = (0.5, 1.0)

@@ -1,7 +1,7 @@
 """`./launch.sh bench` and `./launch.sh compare` as a user runs them (multi-process).
 
 Short runs: the figures here are not the performance targets (those need
-the full bench, README: Performance); these tests check that each command
+the full bench, docs/performance.md); these tests check that each command
 runs every setup it promises and writes what it promises.
 """
 

@@ -1,4 +1,4 @@
-"""The README's example of a test of your own passes as written (README: Tests and Bazel)."""
+"""The docs' example of a test of your own passes as written (docs/development.md)."""
 
 import re
 
@@ -14,11 +14,11 @@ _EXAMPLE = re.compile(r"For example \(`\./launch\.sh test tests/test_my_model\.p
 class ReadmeExampleTest(absltest.TestCase):
 
   def test_the_test_of_your_own_passes_as_written(self):
-    readme = (testutil.REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    found = _EXAMPLE.search(readme)
-    self.assertIsNotNone(found, "README.md: the example of a test of your own is gone")
+    page = (testutil.REPO_ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    found = _EXAMPLE.search(page)
+    self.assertIsNotNone(found, "docs/development.md: the example of a test of your own is gone")
     namespace = {"__name__": "test_my_model"}
-    exec(compile(found.group(1), "README.md (test_my_model.py)", "exec"), namespace)  # pylint: disable=exec-used
+    exec(compile(found.group(1), "docs/development.md (test_my_model.py)", "exec"), namespace)  # pylint: disable=exec-used
     tests = [value for name, value in namespace.items() if name.startswith("test_")]
     self.assertLen(tests, 1)
     tests[0]()  # Raises, and so fails here, where the example's assertions fail.

@@ -128,8 +128,8 @@ class ReplicaSessionTest(absltest.TestCase):
     self.assertEqual(reached, [1, 2, 3])
     self.assertEqual(sessions, 1)
     self.assertEqual(said, "chief: TensorFlow turned a run away as a repeat of "
-                     "an earlier one (its request ids repeat by chance: README, "
-                     "Faults); running it again\n")
+                     "an earlier one (its request ids repeat by chance: "
+                     "docs/faults-and-recovery.md); running it again\n")
 
   def test_another_abort_still_makes_a_new_session(self):
     reached, sessions, said = self.run_steps(1, "Session 1234 is not found.")

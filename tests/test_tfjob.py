@@ -175,7 +175,7 @@ class ManifestRunTest(absltest.TestCase):
       scores = json.load(f)
     # The evaluator scored the chief's final checkpoint. result.json scores the model the PS
     # holds at the end, which in async mode may include a straggling worker's last update
-    # (README: result.json): nearly the same model, not always the same step.
+    # (docs/reference.md: result.json): nearly the same model, not always the same step.
     self.assertGreaterEqual(scores[-1]["global_step"], train_steps)
     self.assertLessEqual(scores[-1]["global_step"], result["global_step"])
     self.assertAlmostEqual(scores[-1]["accuracy"], result["accuracy"], delta=0.02)
