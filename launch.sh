@@ -143,7 +143,8 @@ report_failures() {
 
 # Each task stops by itself on SIGTERM (the chief writes a final checkpoint, the PS tasks wait for
 # it) and forces its own exit after 20 s (a PS after 35: it serves a blocked chief's last
-# checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that.
+# checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that
+# (stops.SUPERVISOR_KILL_SECS; tests/test_launch.py holds the two equal).
 STOP_GRACE_SECS=40
 CHIEF_END_SAID=0  # Set once "chief finished" is said: a signal after does not say it again.
 # How to continue a stopped run whose log dir the launcher made: the chief says "the same command
@@ -351,13 +352,11 @@ run_experiment() {
   exec "$PY" -m "ps_trainer.experiments.$what" "${args[@]}"
 }
 
-# Distinct free ports: hold all sockets open at once, then release them for the tasks. Bound on
-# 0.0.0.0 because that is what the TF server binds, whatever address the cluster spec names.
+# Distinct free ports, by the trainer's own picker (ps_trainer/host_ports.py).
 free_ports() {
-  "$PY" -c 'import socket, sys
-socks = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in socks: s.bind(("", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))' "$1"
+  "$PY" -c 'import sys
+from ps_trainer import host_ports
+print(*host_ports.free_ports(int(sys.argv[1])))' "$1"
 }
 
 # Polls until the chief ends (a foreground `sleep` keeps traps responsive), then lets tail print

@@ -35,6 +35,12 @@ _LAST_RESORT_SECS = 10.0
 # worker answers, which after a clean stop is within seconds. A launcher's
 # SIGKILL comes after this (launch.sh, deploy/kubernetes/tfjob.yaml).
 PS_GRACE_SECS = GRACE_SECS + _LAST_RESORT_SECS + 5.0
+# How long a supervisor waits after its SIGTERM before it sends SIGKILL:
+# past a PS's grace. launch.sh (STOP_GRACE_SECS), the bench's runs and
+# deploy/kubernetes/tfjob.yaml (terminationGracePeriodSeconds) all wait this
+# long; bash and YAML cannot import it, so tests/test_launch.py holds them
+# equal.
+SUPERVISOR_KILL_SECS = 40.0
 
 # Ctrl-C in a terminal reaches a local cluster's tasks twice: from the terminal
 # (its process group) and from launch.sh, which passes its signals on. The same

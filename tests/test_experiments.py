@@ -18,6 +18,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
+from ps_trainer import host_ports
 from ps_trainer.experiments import bench
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
@@ -295,7 +296,7 @@ class StopTest(absltest.TestCase):
     gets that flag (the shell's pid is $$). The PS's output goes to <log_dir>/ps.log; whatever
     names log_dir is killed as the test ends."""
     self.addCleanup(testutil.kill_processes, log_dir)
-    ps_port, worker_port = runs.free_ports(2)
+    ps_port, worker_port = host_ports.free_ports(2)
     with open(os.path.join(log_dir, "ps.log"), "w") as log:
       starter = subprocess.Popen(
           ["sh", "-c", f'"$@" {started_by} & {then}', "sh", sys.executable, "-m",

@@ -31,10 +31,18 @@ class StopGraceTest(absltest.TestCase):
   def test_the_launcher_kills_a_stopped_task_only_after_its_own_forced_exit(self):
     # A PS's is the latest (stops.PS_GRACE_SECS); SIGKILL before it would cost a blocked chief its
     # last checkpoint.
+    self.assertGreater(stops.SUPERVISOR_KILL_SECS, stops.PS_GRACE_SECS + 2)
     grace = re.search(r"^STOP_GRACE_SECS=(\d+)$", testutil.read_text(testutil.LAUNCH_SH),
                       re.MULTILINE)
     self.assertIsNotNone(grace)
-    self.assertGreater(int(grace.group(1)), stops.PS_GRACE_SECS + 2)
+    self.assertEqual(int(grace.group(1)), stops.SUPERVISOR_KILL_SECS)
+
+  def test_every_pod_of_the_tfjob_gets_the_same_grace(self):
+    manifest = (testutil.REPO_ROOT / "deploy" / "kubernetes" / "tfjob.yaml").read_text(
+        encoding="utf-8")
+    graces = re.findall(r"terminationGracePeriodSeconds: (\d+)", manifest)
+    self.assertLen(graces, 4)  # Chief, PS, Worker, Evaluator.
+    self.assertEqual(set(map(int, graces)), {stops.SUPERVISOR_KILL_SECS})
 
 
 class LaunchInputTest(absltest.TestCase):

@@ -9,13 +9,14 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import List, Optional
 
+from ps_trainer import host_ports
 from ps_trainer import run_result
+from ps_trainer import stops
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -159,7 +160,8 @@ def _wait(process: subprocess.Popen, label: str, log_path: str) -> int:
                       f"stopped it; log {log_path}: {_last_lines(log_path)}")
 
 
-def _stop_group(process: subprocess.Popen, grace_secs: float = 40) -> None:
+def _stop_group(process: subprocess.Popen,
+                grace_secs: float = stops.SUPERVISOR_KILL_SECS) -> None:
   """SIGTERM to the process group, SIGKILL if it is still there after grace."""
   if process.poll() is not None:
     return
@@ -216,18 +218,6 @@ def run_local_cluster(label: str, num_ps: int, num_workers: int,
                  started)
 
 
-def free_ports(count: int) -> List[int]:
-  """Distinct free ports, all held open at once so none is handed out twice."""
-  sockets = [socket.socket() for _ in range(count)]
-  try:
-    for s in sockets:
-      s.bind(("", 0))
-    return [s.getsockname()[1] for s in sockets]
-  finally:
-    for s in sockets:
-      s.close()
-
-
 def run_plain_tf1_local(label: str, flags: List[str], log_dir: str,
                         program: str) -> Run:
   """A program of run_plain_tf1_cluster's (plain_tf1 or bare_step) in one
@@ -246,7 +236,7 @@ def run_plain_tf1_cluster(label: str, flags: List[str], log_dir: str,
   the worker is done.
   """
   os.makedirs(log_dir, exist_ok=True)
-  ps_port, worker_port = free_ports(2)
+  ps_port, worker_port = host_ports.free_ports(2)
   common = [sys.executable, "-m", f"ps_trainer.experiments.{program}",
             f"--ps_hosts=127.0.0.1:{ps_port}",
             f"--worker_hosts=127.0.0.1:{worker_port}", *flags,
