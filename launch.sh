@@ -143,7 +143,7 @@ report_failures() {
 
 # Each task stops by itself on SIGTERM (the chief writes a final checkpoint, the PS tasks wait for
 # it) and forces its own exit after 20 s (a PS after 35: it serves a blocked chief's last
-# checkpoint, written after the chief's 20; ps_trainer/stops.py); SIGKILL only after that
+# checkpoint, written after the chief's 20; ps_trainer/faults/stops.py); SIGKILL only after that
 # (stops.SUPERVISOR_KILL_SECS; tests/test_launch.py holds the two equal).
 STOP_GRACE_SECS=40
 CHIEF_END_SAID=0  # Set once "chief finished" is said: a signal after does not say it again.
@@ -352,10 +352,10 @@ run_experiment() {
   exec "$PY" -m "ps_trainer.experiments.$what" "${args[@]}"
 }
 
-# Distinct free ports, by the trainer's own picker (ps_trainer/host_ports.py).
+# Distinct free ports, by the trainer's own picker (ps_trainer/settings/host_ports.py).
 free_ports() {
   "$PY" -c 'import sys
-from ps_trainer import host_ports
+from ps_trainer.settings import host_ports
 print(*host_ports.free_ports(int(sys.argv[1])))' "$1"
 }
 
@@ -403,7 +403,7 @@ case "${1:-}" in
   local) shift; run_local "$@" ;;
   bench | compare) run_experiment "$@" ;;
   plan) shift; bootstrap runtime; exec "$PY" -m ps_trainer.plan_main "$@" ;;
-  clicks) shift; bootstrap runtime; exec "$PY" -m ps_trainer.clicks "$@" ;;
+  clicks) shift; bootstrap runtime; exec "$PY" -m ps_trainer.datasets.clicks "$@" ;;
   -* | "")
     # One task: exec, so the trainer's PID is this script's (signals from a scheduler reach it).
     bootstrap runtime

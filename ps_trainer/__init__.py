@@ -33,7 +33,7 @@ def run(model_fn, input_fn=None) -> None:
       (features, labels); None: --dataset supplies the input.
   """
   import importlib  # pylint: disable=g-import-not-at-top
-  from ps_trainer import as_program  # pylint: disable=g-import-not-at-top
+  from ps_trainer.console import as_program  # pylint: disable=g-import-not-at-top
   if not _started_as_program():
     as_program.prepare()
   # By name, not an import statement: main's Bazel target depends on this
@@ -66,5 +66,5 @@ def _started_as_program() -> bool:
 # notebook, another package's program), the importer keeps Python's
 # KeyboardInterrupt and its own streams.
 if _started_as_program():
-  from ps_trainer import as_program as _as_program
+  from ps_trainer.console import as_program as _as_program
   _as_program.prepare()

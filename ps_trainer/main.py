@@ -23,11 +23,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags as absl_flags
 
-from ps_trainer import errors
-from ps_trainer import flags as flags_lib
-from ps_trainer import help_flags
-from ps_trainer import output_dir
-from ps_trainer import process_end
+from ps_trainer.console import errors
+from ps_trainer.console import help_flags
+from ps_trainer.console import output_dir
+from ps_trainer.console import process_end
+from ps_trainer.settings import flags as flags_lib
 
 FLAGS = absl_flags.FLAGS
 TRAINER_FLAGS = flags_lib.define_flags()
@@ -41,8 +41,8 @@ def main(argv, functions=None) -> int:
                 "is a --flag (see --helpfull)")
   # Only pure modules so far: bad flags and TF_CONFIG answer in a blink,
   # before TensorFlow loads.
-  from ps_trainer import cluster as cluster_lib
-  from ps_trainer import config as config_lib
+  from ps_trainer.settings import cluster as cluster_lib
+  from ps_trainer.settings import config as config_lib
   values = FLAGS.flag_values_dict()
   try:
     if functions is not None:
@@ -96,12 +96,12 @@ def _check_log_dir(log_dir: str) -> list:
 def _run_task(cfg, functions=None) -> int:
   """Runs this task's role (task.py) once TensorFlow is loaded."""
   stop = _receive_stop_signals(cfg)
-  from ps_trainer import host_cores  # pylint: disable=g-import-not-at-top
+  from ps_trainer.cluster import host_cores  # pylint: disable=g-import-not-at-top
   if cfg.cluster is not None and cfg.train.pin_cpus:
     host_cores.pin_task(cfg.cluster)  # Before TensorFlow starts its threads.
   dataset = _read_data_set(cfg)
   cfg = _load_user_model(cfg, functions)
-  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
+  from ps_trainer.console import quiet_import  # pylint: disable=g-import-not-at-top
   quiet_import.tensorflow()  # Before any module imports it, or TF's notes show.
   from ps_trainer import task  # pylint: disable=g-import-not-at-top
   return task.run(cfg, stop, dataset)
@@ -114,8 +114,8 @@ def _load_user_model(cfg, functions=None):
   """
   if not cfg.model.is_user_model or (cfg.cluster and cfg.cluster.is_ps):
     return cfg
-  from ps_trainer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.console import quiet_import  # pylint: disable=g-import-not-at-top
   quiet_import.tensorflow()
   from ps_trainer.user_model import loading  # pylint: disable=g-import-not-at-top
   from ps_trainer.user_model import spec  # pylint: disable=g-import-not-at-top
@@ -140,7 +140,7 @@ def _read_data_set(cfg):
   """
   if cfg.cluster is not None and cfg.cluster.is_ps:
     return None  # A PS reads no data.
-  from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+  from ps_trainer.datasets import data_sets  # pylint: disable=g-import-not-at-top
   if cfg.model.input_fn:
     return data_sets.from_input_fn(cfg.model.input_fn)
   try:
@@ -152,7 +152,7 @@ def _read_data_set(cfg):
 
 def _receive_stop_signals(cfg):
   """From here on SIGINT/SIGTERM request a clean stop (stops.py)."""
-  from ps_trainer import stops
+  from ps_trainer.faults import stops
   how = "stopping after the current step"
   grace_secs = stops.GRACE_SECS
   if cfg.cluster is not None and cfg.cluster.is_ps:

@@ -14,9 +14,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
-from ps_trainer import errors
-from ps_trainer import flags as flags_lib
-from ps_trainer import help_flags
+from ps_trainer.console import errors
+from ps_trainer.console import help_flags
+from ps_trainer.settings import flags as flags_lib
 
 FLAGS = flags.FLAGS
 flags_lib.define_flags(FLAGS)
@@ -47,8 +47,8 @@ def main(argv) -> int:
       _fail(f"--{name}: plan makes up its own cluster; give its size with "
             "--num_ps and --num_workers")
   # Pure modules first: bad flags answer before TensorFlow loads.
-  from ps_trainer import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-  from ps_trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import config as config_lib  # pylint: disable=g-import-not-at-top
   try:
     values = FLAGS.flag_values_dict()
     cfg = config_lib.from_flag_values(
@@ -58,14 +58,14 @@ def main(argv) -> int:
       config_lib.check_data_flags(values)
   except (cluster_lib.ClusterError, config_lib.ConfigError) as e:
     _fail(str(e))
-  from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
+  from ps_trainer.datasets import data_sets  # pylint: disable=g-import-not-at-top
   try:  # Before TensorFlow loads too, if numpy alone reads it.
     dataset = (data_sets.from_input_fn(cfg.model.input_fn) if cfg.model.input_fn
                else data_sets.read(cfg.data.dataset, cfg.data.data_dir,
                                    cfg.data.data_path))
   except data_sets.DataError as e:
     _fail(str(e))
-  from ps_trainer import quiet_import  # pylint: disable=g-import-not-at-top
+  from ps_trainer.console import quiet_import  # pylint: disable=g-import-not-at-top
   tf = quiet_import.tensorflow()
   tf.compat.v1.disable_eager_execution()
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
@@ -75,9 +75,9 @@ def main(argv) -> int:
         cfg.model.model, cfg.model.input_fn, cfg.model.params))
   except loading.spec_lib.ModelFnError as e:
     _fail(str(e))
-  from ps_trainer import data  # pylint: disable=g-import-not-at-top
+  from ps_trainer.datasets import data  # pylint: disable=g-import-not-at-top
   from ps_trainer import models  # pylint: disable=g-import-not-at-top
-  from ps_trainer import plan  # pylint: disable=g-import-not-at-top
+  from ps_trainer.graph import plan  # pylint: disable=g-import-not-at-top
   try:
     if dataset is None:
       dataset = data.load(cfg.data.dataset, cfg.data.data_dir,

@@ -13,21 +13,21 @@ import sys
 
 import tensorflow as tf
 
-from ps_trainer import checkpoints
-from ps_trainer import config as config_lib
-from ps_trainer import data
-from ps_trainer import errors
-from ps_trainer import evaluator
-from ps_trainer import export
-from ps_trainer import finished_run
-from ps_trainer import host_cores
 from ps_trainer import models
-from ps_trainer import ps_task
-from ps_trainer import run_signature
-from ps_trainer import server as server_lib
-from ps_trainer import stops
-from ps_trainer import trainer
-from ps_trainer import waits
+from ps_trainer.cluster import host_cores
+from ps_trainer.cluster import ps_task
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.cluster import waits
+from ps_trainer.console import errors
+from ps_trainer.datasets import data
+from ps_trainer.faults import stops
+from ps_trainer.settings import config as config_lib
+from ps_trainer.settings import run_signature
+from ps_trainer.training import checkpoints
+from ps_trainer.training import evaluator
+from ps_trainer.training import export
+from ps_trainer.training import finished_run
+from ps_trainer.training import trainer
 from ps_trainer.user_model import spec
 
 # Errors whose message is the whole story: bad input, one line, status 2.

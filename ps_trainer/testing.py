@@ -24,23 +24,23 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 from absl import flags as absl_flags
 
-from ps_trainer import cluster as cluster_lib
-from ps_trainer import config as config_lib
-from ps_trainer import flags as flags_lib
-from ps_trainer import host_ports
-from ps_trainer import quiet_import
+from ps_trainer.console import quiet_import
+from ps_trainer.settings import cluster as cluster_lib
+from ps_trainer.settings import config as config_lib
+from ps_trainer.settings import flags as flags_lib
+from ps_trainer.settings import host_ports
 from ps_trainer.user_model import loading
 
 tf = quiet_import.tensorflow()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from ps_trainer import data
-from ps_trainer import data_sets
-from ps_trainer import ps_flags
-from ps_trainer import server as server_lib
-from ps_trainer import stops
-from ps_trainer import train_graph
-from ps_trainer import trainer
+from ps_trainer.cluster import ps_flags
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.datasets import data
+from ps_trainer.datasets import data_sets
+from ps_trainer.faults import stops
+from ps_trainer.graph import train_graph
+from ps_trainer.training import trainer
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 _SERVERS: List[tf.distribute.Server] = []  # Kept: nothing may tear one down.

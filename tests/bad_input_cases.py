@@ -57,7 +57,7 @@ def _npz_length_mismatch(test, tmp):
 def click_dir(test, tmp):
   """A small click data set in {tmp}/clicks: 2 train files of 200 records."""
   del test
-  from ps_trainer import clicks  # pylint: disable=g-import-not-at-top
+  from ps_trainer.datasets import clicks  # pylint: disable=g-import-not-at-top
   clicks.write_click_set(os.path.join(tmp, "clicks"), num_train=400, num_test=50,
                          vocab=100, dense_dim=2, num_shards=2)
   return {}

@@ -13,8 +13,8 @@ TF servers cannot be stopped: they live until the process exits, so a test that 
 
 from typing import List
 
-from ps_trainer import cluster
 from ps_trainer import testing
+from ps_trainer.settings import cluster
 
 
 class InProcessCluster:

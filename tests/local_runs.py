@@ -6,8 +6,8 @@ import os
 
 from absl.testing import absltest
 
-from ps_trainer import data
-from ps_trainer import trainer
+from ps_trainer.datasets import data
+from ps_trainer.training import trainer
 import testutil
 
 

@@ -4,7 +4,7 @@ import contextlib
 import io
 import time
 
-from ps_trainer import stall_watch
+from ps_trainer.faults import stall_watch
 import stop_fakes
 
 

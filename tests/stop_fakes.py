@@ -1,7 +1,7 @@
 """Stop requests that record what a task would do instead of doing it (tests of stops and the
 stall watch)."""
 
-from ps_trainer import stops
+from ps_trainer.faults import stops
 
 
 class RecordingStop(stops.StopRequest):

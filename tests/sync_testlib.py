@@ -18,11 +18,11 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import placement
-from ps_trainer import ps_flags
-from ps_trainer import server as server_lib
-from ps_trainer import sync
-from ps_trainer import sync_replicas
+from ps_trainer.cluster import ps_flags
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.graph import placement
+from ps_trainer.graph import sync_replicas
+from ps_trainer.training import sync
 
 LEARNING_RATE = 0.25
 STEP_TIMEOUT_SECS = 20      # one training step, normally milliseconds

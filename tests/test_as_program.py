@@ -33,7 +33,7 @@ class InterruptAtStartTest(absltest.TestCase):
     env = testutil.with_fake_package(self, testutil.trainer_env(), "absl", _ABSL_THAT_INTERRUPTS)
     main_file = os.path.join(testutil.REPO_ROOT, "ps_trainer", "__main__.py")
     for argv in (["-m", "ps_trainer"], ["-m", "ps_trainer.experiments.bench"],
-                 ["-m", "ps_trainer.plan_main"], ["-m", "ps_trainer.clicks"],
+                 ["-m", "ps_trainer.plan_main"], ["-m", "ps_trainer.datasets.clicks"],
                  [main_file]):  # By its path, as `bazel run //ps_trainer` starts it.
       with self.subTest(argv=argv):
         done = _run([sys.executable, *argv], env)
@@ -64,7 +64,7 @@ class ClosedOutputTest(absltest.TestCase):
 
   def test_a_program_whose_reader_has_gone_does_its_work_and_exits_0(self):
     out_dir = os.path.join(testutil.make_tempdir(self), "clicks")
-    done = _run([sys.executable, "-m", "ps_trainer.clicks", f"--out_dir={out_dir}",
+    done = _run([sys.executable, "-m", "ps_trainer.datasets.clicks", f"--out_dir={out_dir}",
                  "--train_examples=40", "--test_examples=10", "--shards=1"],
                 testutil.trainer_env({"TF_CPP_MIN_LOG_LEVEL": "2"}), stdout=self._closed_pipe())
     self.assertEqual((done.returncode, done.stderr), (0, ""))

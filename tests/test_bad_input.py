@@ -103,7 +103,7 @@ class BadInputTest(parameterized.TestCase):
     # named by a scan of the files (TF's own message names no file).
     tmp = testutil.make_tempdir(self)
     click_dir(self, tmp)
-    from ps_trainer import record_checks  # pylint: disable=g-import-not-at-top
+    from ps_trainer.datasets import record_checks  # pylint: disable=g-import-not-at-top
     path = os.path.join(tmp, "clicks", "train-00001-of-00002.tfrecord")
     with open(path, "rb") as f:
       raw = bytearray(f.read())
@@ -164,7 +164,7 @@ class BadInputTest(parameterized.TestCase):
     tmp = testutil.make_tempdir(self)
     script = (
         "import errno, os, runpy, sys\n"
-        "from ps_trainer import output_dir\n"
+        "from ps_trainer.console import output_dir\n"
         "write_json = output_dir.write_json\n"
         "def fails(path, value):\n"
         "  if not path.endswith('result.json'):\n"

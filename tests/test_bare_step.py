@@ -10,12 +10,12 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import cluster as cluster_lib
-from ps_trainer import hooks
-from ps_trainer import packing
 from ps_trainer.experiments import bare_step
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import yardstick_result
+from ps_trainer.graph import packing
+from ps_trainer.settings import cluster as cluster_lib
+from ps_trainer.training import hooks
 import testutil
 
 tf.compat.v1.disable_eager_execution()
@@ -128,7 +128,7 @@ class BareStepTest(absltest.TestCase):
     # The plain pattern's flags share names with the trainer's (--ps_hosts...): a pytest worker
     # that imported this module and then the trainer's flags failed with DuplicateFlagError.
     code = ("import ps_trainer.experiments.bare_step\n"
-            "from ps_trainer import flags\n"
+            "from ps_trainer.settings import flags\n"
             "flags.define_flags()\n")
     done = subprocess.run([sys.executable, "-c", code], env=testutil.trainer_env(),
                           capture_output=True, text=True, timeout=120, check=False)

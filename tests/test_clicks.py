@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.clicks, the synthetic click-log writer: what it writes, what it refuses
+"""Tests for ps_trainer.datasets.clicks, the synthetic click-log writer: what it writes, what it refuses
 and that an interrupted write leaves no half data set.
 """
 
@@ -10,8 +10,8 @@ from unittest import mock
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import clicks
-from ps_trainer import record_checks
+from ps_trainer.datasets import clicks
+from ps_trainer.datasets import record_checks
 import testutil
 
 # As the trainer runs them (and as the rest of the suite leaves TF).

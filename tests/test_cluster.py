@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.cluster: host flags and TF_CONFIG -> ClusterInfo.
+"""Tests for ps_trainer.settings.cluster: host flags and TF_CONFIG -> ClusterInfo.
 
 Pure Python and graph-free. Only ClusterSpecTest imports TensorFlow (through
 ClusterInfo.cluster_spec), once for the whole file. The one-line errors for bad
@@ -11,7 +11,7 @@ operator writes (lower-case task types, "environment": "cloud", and its
 
 from absl.testing import absltest
 
-from ps_trainer import cluster
+from ps_trainer.settings import cluster
 from tf_config_testlib import (KF_CHIEF, KF_CHIEF_WORKER_0, KF_PS_0, KF_WORKER_0, KF_WORKER_1,
                                SPARSE_PS_1, SPARSE_WORKER_1, tf_config)
 

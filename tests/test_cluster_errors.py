@@ -1,4 +1,4 @@
-"""ps_trainer.cluster's errors: each bad host flag or TF_CONFIG gives one line naming the flag
+"""ps_trainer.settings.cluster's errors: each bad host flag or TF_CONFIG gives one line naming the flag
 or field and the reason or what is accepted (a ClusterError, a ValueError), and the bugs a
 review once found stay fixed.
 """
@@ -8,7 +8,7 @@ import json
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from ps_trainer import cluster
+from ps_trainer.settings import cluster
 from tf_config_testlib import KF_WORKER_1, PS_WORKERS, SPARSE_PS_1, SPARSE_WORKER_1, tf_config
 
 

@@ -125,7 +125,7 @@ class ClusterRunTest(absltest.TestCase):
 
   def test_wide_deep_on_three_ps_learns_clicks_in_sync(self):
     """Tables in parts on 3 PS, sparse sync updates, TFRecord shards."""
-    from ps_trainer import clicks  # pylint: disable=g-import-not-at-top
+    from ps_trainer.datasets import clicks  # pylint: disable=g-import-not-at-top
     log_dir = testutil.make_tempdir(self)
     data_dir = os.path.join(log_dir, "clicks")
     stats = clicks.write_click_set(data_dir, num_train=20_000, num_test=2_000,

@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.config: flag values -> Config, on plain values (a dict like
+"""Tests for ps_trainer.settings.config: flag values -> Config, on plain values (a dict like
 FLAGS.flag_values_dict(): the defaults below, which FlagDefaultsTest keeps equal to what
 flags.define_flags() gives, and the flags a test sets). The flags themselves, their validators
 and the binary's one-line errors are in test_flags.py.
@@ -11,9 +11,9 @@ from absl import flags as absl_flags
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from ps_trainer import cluster
-from ps_trainer import config
-from ps_trainer import flags as flags_lib
+from ps_trainer.settings import cluster
+from ps_trainer.settings import config
+from ps_trainer.settings import flags as flags_lib
 import testutil
 
 # The defaults of flags.py, as FLAGS.flag_values_dict() gives them after an

@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.data: the data sets loaded, and their pipelines.
+"""Tests for ps_trainer.datasets.data: the data sets loaded, and their pipelines.
 
 Pipelines run in graph mode. Reading IDX and npz files: test_readers.py.
 """
@@ -14,11 +14,12 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import dataset_options_pb2
 
-from ps_trainer import clicks
-from ps_trainer import data
-from ps_trainer import data_files
-from ps_trainer import host_cores
-from ps_trainer import synthetic
+from ps_trainer.cluster import host_cores
+from ps_trainer.datasets import clicks
+from ps_trainer.datasets import data
+from ps_trainer.datasets import data_files
+from ps_trainer.datasets import data_sets
+from ps_trainer.datasets import synthetic
 import testutil
 
 
@@ -66,8 +67,7 @@ class LoadTest(parameterized.TestCase):
     self.assertBetween(np.bincount(ds.y_test).min(), 35, 37)
 
   def test_digits_file_is_a_valid_npz_input(self):
-    path = os.path.join(os.path.dirname(data.__file__), "assets",
-                        "digits.npz")
+    path = data_sets.DIGITS_PATH
     np.testing.assert_array_equal(data.load("npz", data_path=path).x_test,
                                   data.load("digits").x_test)
     self.assertLess(os.path.getsize(path), 1 << 20)
@@ -234,7 +234,8 @@ class PipelineTest(tf.test.TestCase, parameterized.TestCase):
 import os, sys, tempfile
 tempfile.tempdir = sys.argv[1]
 import tensorflow as tf
-from ps_trainer import clicks, data
+from ps_trainer.datasets import clicks
+from ps_trainer.datasets import data
 clicks.write_click_set(sys.argv[2], num_train=64, num_test=16, vocab=50, num_shards=2)
 for ds in (data.load("digits"), data.load("synthetic"),
            data.load("tfrecord", data_dir=sys.argv[2])):

@@ -13,10 +13,10 @@ from unittest import mock
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import cluster
-from ps_trainer import peers
-from ps_trainer import ps_flags
-from ps_trainer import server as server_lib
+from ps_trainer.cluster import ps_flags
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.faults import peers
+from ps_trainer.settings import cluster
 import testutil
 
 tf.compat.v1.disable_eager_execution()

@@ -13,11 +13,11 @@ import threading
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import data
-from ps_trainer import evaluator
-from ps_trainer import stops
-from ps_trainer import trainer
-from ps_trainer import waits
+from ps_trainer.cluster import waits
+from ps_trainer.datasets import data
+from ps_trainer.faults import stops
+from ps_trainer.training import evaluator
+from ps_trainer.training import trainer
 import testutil
 
 tf.compat.v1.disable_eager_execution()

@@ -18,10 +18,10 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import host_ports
 from ps_trainer.experiments import bench
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
+from ps_trainer.settings import host_ports
 import testutil
 
 RUN_TIMEOUT_SECS = 420

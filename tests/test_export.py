@@ -10,12 +10,12 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import clicks
-from ps_trainer import data
-from ps_trainer import export
 from ps_trainer import models
-from ps_trainer import run_result
-from ps_trainer import trainer
+from ps_trainer.datasets import clicks
+from ps_trainer.datasets import data
+from ps_trainer.training import export
+from ps_trainer.training import run_result
+from ps_trainer.training import trainer
 
 import testutil
 

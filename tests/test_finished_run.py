@@ -17,11 +17,11 @@ import tempfile
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import data
-from ps_trainer import export
-from ps_trainer import finished_run
-from ps_trainer import trainer
-from ps_trainer import waits
+from ps_trainer.cluster import waits
+from ps_trainer.datasets import data
+from ps_trainer.training import export
+from ps_trainer.training import finished_run
+from ps_trainer.training import trainer
 
 import testutil
 

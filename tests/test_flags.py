@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.flags and the binary's flag errors (flag values -> Config is in
+"""Tests for ps_trainer.settings.flags and the binary's flag errors (flag values -> Config is in
 test_config.py).
 
 Three layers, fastest first:
@@ -18,8 +18,8 @@ from absl import flags as absl_flags
 from absl.testing import absltest
 from absl.testing import parameterized
 
-from ps_trainer import flags as flags_lib
-from ps_trainer import help_flags
+from ps_trainer.console import help_flags
+from ps_trainer.settings import flags as flags_lib
 import testutil
 
 

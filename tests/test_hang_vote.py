@@ -12,12 +12,12 @@ import time
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import cluster
-from ps_trainer import hang_vote
-from ps_trainer import placement
-from ps_trainer import ps_flags
-from ps_trainer import ps_runs
-from ps_trainer import server as server_lib
+from ps_trainer.cluster import ps_flags
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.faults import hang_vote
+from ps_trainer.faults import ps_runs
+from ps_trainer.graph import placement
+from ps_trainer.settings import cluster
 import inprocess_cluster
 import testutil
 

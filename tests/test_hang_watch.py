@@ -13,9 +13,9 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import hung_step
-from ps_trainer import stall_watch
-from ps_trainer import stops
+from ps_trainer.faults import hung_step
+from ps_trainer.faults import stall_watch
+from ps_trainer.faults import stops
 import stall_testlib
 import stop_fakes
 import testutil

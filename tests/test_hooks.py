@@ -8,11 +8,11 @@ import time
 
 from absl.testing import absltest
 
-from ps_trainer import data
-from ps_trainer import flags as flags_lib
-from ps_trainer import hooks
 from ps_trainer import models
-from ps_trainer import optimizers
+from ps_trainer.datasets import data
+from ps_trainer.graph import optimizers
+from ps_trainer.settings import flags as flags_lib
+from ps_trainer.training import hooks
 
 import testutil
 

@@ -10,9 +10,9 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import cluster as cluster_lib
-from ps_trainer import host_cores
-from ps_trainer import server as server_lib
+from ps_trainer.cluster import host_cores
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.settings import cluster as cluster_lib
 from tests import testutil
 
 

@@ -6,7 +6,7 @@ A fake sync replica gives the global step each look reads; the stall watch's own
 
 from absl.testing import absltest
 
-from ps_trainer import hung_step
+from ps_trainer.faults import hung_step
 
 BOUND = 120.0
 

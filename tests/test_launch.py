@@ -10,7 +10,7 @@ import time
 
 from absl.testing import absltest
 
-from ps_trainer import stops
+from ps_trainer.faults import stops
 import testutil
 
 # A generous bound for a loaded 2-core machine.

@@ -8,7 +8,7 @@ import shutil
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import checkpoints
+from ps_trainer.training import checkpoints
 import local_runs
 import testutil
 

@@ -10,8 +10,8 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import data
 from ps_trainer import models
+from ps_trainer.datasets import data
 from ps_trainer.models import model_fns
 from ps_trainer.user_model import graphs
 from ps_trainer.user_model import loading

@@ -6,7 +6,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import output_dir
+from ps_trainer.console import output_dir
 import testutil
 
 

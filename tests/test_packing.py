@@ -4,9 +4,9 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import data
-from ps_trainer import packing
-from ps_trainer import train_graph
+from ps_trainer.datasets import data
+from ps_trainer.graph import packing
+from ps_trainer.graph import train_graph
 
 from inprocess_cluster import InProcessCluster
 import testutil

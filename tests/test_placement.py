@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.placement: graphs built under the device function.
+"""Tests for ps_trainer.graph.placement: graphs built under the device function.
 
 No servers: placement is decided when ops are created, so asserting on
 `v.device` / `op.device` is enough (the lingvo style, DESIGN.md).
@@ -12,10 +12,10 @@ from unittest import mock
 from absl.testing import parameterized
 import tensorflow as tf
 
-from ps_trainer import cluster
 from ps_trainer import models
-from ps_trainer import placement
-from ps_trainer import sync_replicas
+from ps_trainer.graph import placement
+from ps_trainer.graph import sync_replicas
+from ps_trainer.settings import cluster
 
 tf.compat.v1.disable_eager_execution()
 

@@ -13,10 +13,10 @@ import sys
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import clicks
-from ps_trainer import data
-from ps_trainer import plan
-from ps_trainer import train_graph
+from ps_trainer.datasets import clicks
+from ps_trainer.datasets import data
+from ps_trainer.graph import plan
+from ps_trainer.graph import train_graph
 import testutil
 
 tf.compat.v1.disable_eager_execution()

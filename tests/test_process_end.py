@@ -17,7 +17,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import process_end
+from ps_trainer.console import process_end
 import testutil
 
 
@@ -146,7 +146,9 @@ _CHILD = textwrap.dedent("""
     import sys, threading, time
     import tensorflow as tf
     tf.compat.v1.disable_eager_execution()
-    from ps_trainer import hang_vote, process_end, ps_runs
+    from ps_trainer.faults import hang_vote
+    from ps_trainer.console import process_end
+    from ps_trainer.faults import ps_runs
     import inprocess_cluster
 
     cluster = inprocess_cluster.InProcessCluster(num_ps=1, num_workers=1)

@@ -14,11 +14,11 @@ from unittest import mock
 
 import tensorflow as tf
 
-from ps_trainer import cluster
-from ps_trainer import ps_flags
-from ps_trainer import ps_task
-from ps_trainer import server as server_lib
-from ps_trainer import waits
+from ps_trainer.cluster import ps_flags
+from ps_trainer.cluster import ps_task
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.cluster import waits
+from ps_trainer.settings import cluster
 from inprocess_cluster import InProcessCluster
 from sync_testlib import FakeStop
 import testutil

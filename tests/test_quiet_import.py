@@ -14,7 +14,7 @@ import testutil
 
 _CHILD = textwrap.dedent("""
     import json, os, sys
-    from ps_trainer import quiet_import
+    from ps_trainer.console import quiet_import
     tf = quiet_import.tensorflow()
     print("imported", file=sys.stderr, flush=True)  # What follows is not the import's.
     tf.compat.v1.disable_eager_execution()
@@ -54,7 +54,7 @@ class QuietImportTest(absltest.TestCase):
     self.assertIn("keras", result["loaded"])
 
   def test_the_notes_show_when_the_import_fails_and_not_when_ctrl_c_cuts_it(self):
-    child = "from ps_trainer import quiet_import\nquiet_import.numpy()\n"
+    child = "from ps_trainer.console import quiet_import\nquiet_import.numpy()\n"
     # Ctrl-C is KeyboardInterrupt, or SystemExit in a program (as_program.py), which Python
     # ends on without a word.
     for error, stderr in (("ImportError('a broken numpy')", "a BLAS note\nTraceback"),

@@ -16,8 +16,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import numpy as np
 
-from ps_trainer import data
-from ps_trainer import readers
+from ps_trainer.datasets import data
+from ps_trainer.datasets import readers
 import testutil
 
 

@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.record_checks: what inspect() finds in a TFRecord data set and the one
+"""Tests for ps_trainer.datasets.record_checks: what inspect() finds in a TFRecord data set and the one
 line it gives for each way a file can be wrong, write_examples (the schema's reference writer),
 and finding a corrupt record. Small files in temp dirs (tfrecords_testlib.py).
 """
@@ -12,8 +12,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow as tf
 
-from ps_trainer import record_checks
-from ps_trainer import tfrecords
+from ps_trainer.datasets import record_checks
+from ps_trainer.datasets import tfrecords
 import testutil
 import tfrecords_testlib
 
@@ -292,7 +292,7 @@ class FindBadRecordTest(absltest.TestCase):
               tfrecords.train_dataset(records, 151, 1, 0, 0)).get_next()
           with tf.compat.v1.Session() as sess:
             with self.assertRaisesRegex(tf.errors.InvalidArgumentError,
-                                        rf"{failure}; ps_trainer\.record_checks\.find_bad_record"):
+                                        rf"{failure}; ps_trainer\.datasets\.record_checks\.find_bad_record"):
               sess.run(labels)
 
 

@@ -8,8 +8,8 @@ import re
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import repeats
-from ps_trainer import session as session_lib
+from ps_trainer.cluster import repeats
+from ps_trainer.training import session as session_lib
 import testutil
 
 tf.compat.v1.disable_eager_execution()

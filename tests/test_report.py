@@ -7,8 +7,8 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import step_record
 from ps_trainer.experiments import report
+from ps_trainer.training import step_record
 import testutil
 
 

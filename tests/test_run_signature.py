@@ -4,7 +4,7 @@ import dataclasses
 
 from absl.testing import absltest
 
-from ps_trainer import run_signature
+from ps_trainer.settings import run_signature
 
 import testutil
 

@@ -13,7 +13,7 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import session as session_lib
+from ps_trainer.training import session as session_lib
 import testutil
 
 

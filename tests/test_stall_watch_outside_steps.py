@@ -10,7 +10,7 @@ import time
 
 from absl.testing import absltest
 
-from ps_trainer import stall_watch
+from ps_trainer.faults import stall_watch
 import stall_testlib
 import stop_fakes
 

@@ -16,7 +16,7 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import stops
+from ps_trainer.faults import stops
 import stop_fakes
 
 
@@ -237,7 +237,7 @@ class RestartTest(absltest.TestCase):
     with open(program, "w") as f:
       f.write(textwrap.dedent("""
         import os, signal, sys, time
-        from ps_trainer import stops
+        from ps_trainer.faults import stops
         stop = stops.StopRequest("task")
         stop.install()
         if os.environ.get(stops.RESTARTS_ENV):  # The new program.
@@ -271,7 +271,8 @@ class RestartTest(absltest.TestCase):
     # take the signal, whose default action ends the task at once (exit -15)
     # instead of stopping it.
     import testutil  # pylint: disable=g-import-not-at-top
-    program = ("import os; from ps_trainer import cluster, config, main, output_dir, stops; "
+    program = ("import os; from ps_trainer import main; from ps_trainer.settings import cluster, config; "
+               "from ps_trainer.console import output_dir; from ps_trainer.faults import stops; "
                "print(len(os.listdir('/proc/self/task')))")
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
                           timeout=60, env=testutil.trainer_env(), check=False)

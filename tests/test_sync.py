@@ -12,9 +12,9 @@ import time
 
 import tensorflow as tf
 
-from ps_trainer import resume
-from ps_trainer import sync_replicas
-from ps_trainer import waits
+from ps_trainer.cluster import waits
+from ps_trainer.graph import resume
+from ps_trainer.graph import sync_replicas
 from inprocess_cluster import InProcessCluster
 import sync_testlib
 from sync_testlib import INIT, STEP_TIMEOUT_SECS, Replica, expected_after, run_options

@@ -13,11 +13,11 @@ from unittest import mock
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import hooks as hooks_lib
-from ps_trainer import ps_flags
-from ps_trainer import session as session_lib
-from ps_trainer import sync
-from ps_trainer import sync_end
+from ps_trainer.cluster import ps_flags
+from ps_trainer.faults import sync_end
+from ps_trainer.training import hooks as hooks_lib
+from ps_trainer.training import session as session_lib
+from ps_trainer.training import sync
 from inprocess_cluster import InProcessCluster
 import sync_testlib
 from sync_testlib import (INIT, THREAD_TIMEOUT_SECS, BoundedThread, FakeStop,

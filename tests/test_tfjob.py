@@ -14,7 +14,7 @@ import re
 from absl.testing import absltest
 import yaml
 
-from ps_trainer import stops
+from ps_trainer.faults import stops
 import testutil
 
 MANIFEST = os.path.join(testutil.REPO_ROOT, "deploy", "kubernetes", "tfjob.yaml")

@@ -1,4 +1,4 @@
-"""Tests for ps_trainer.tfrecords: the training and test pipelines over a TFRecord data set
+"""Tests for ps_trainer.datasets.tfrecords: the training and test pipelines over a TFRecord data set
 (shapes, shards, shuffling, epochs, what is refused). Small TFRecord files are written into temp
 dirs (tfrecords_testlib.py); record k has dense[0] == k, so a batch says which records it holds.
 Pipelines run in graph mode.
@@ -8,8 +8,8 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import tensorflow as tf
 
-from ps_trainer import record_checks
-from ps_trainer import tfrecords
+from ps_trainer.datasets import record_checks
+from ps_trainer.datasets import tfrecords
 import testutil
 import tfrecords_testlib
 

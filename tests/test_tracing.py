@@ -6,7 +6,7 @@ import os
 from absl.testing import absltest
 import tensorflow as tf
 
-from ps_trainer import tracing
+from ps_trainer.training import tracing
 import testutil
 
 WORKER = "/job:worker/replica:0/task:0/device:CPU:0"

@@ -19,13 +19,13 @@ from absl.testing import absltest
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import data
-from ps_trainer import peers
-from ps_trainer import ps_flags
-from ps_trainer import stops
-from ps_trainer import sync
-from ps_trainer import sync_end
-from ps_trainer import trainer
+from ps_trainer.cluster import ps_flags
+from ps_trainer.datasets import data
+from ps_trainer.faults import peers
+from ps_trainer.faults import stops
+from ps_trainer.faults import sync_end
+from ps_trainer.training import sync
+from ps_trainer.training import trainer
 
 from inprocess_cluster import InProcessCluster
 import local_runs

@@ -54,7 +54,7 @@ class TrainInProcessTest(parameterized.TestCase):
       run_config = json.load(f)
     self.assertEqual(run_config["model"], result["config"]["model"])
     self.assertTrue(run_config["model"].endswith(f":{model_fn.__name__}"))
-    from ps_trainer import export  # pylint: disable=g-import-not-at-top
+    from ps_trainer.training import export  # pylint: disable=g-import-not-at-top
     export_dir = export.export_saved_model(
         testing.config(model_fn, small_models.input_fn, flags={"log_dir": log_dir}), None,
         log_dir)
@@ -105,8 +105,8 @@ class InputTest(absltest.TestCase):
     self.assertEqual(result["global_step"], 60)
 
   def test_an_input_fn_that_ignores_its_context_shuffles_differently_on_each_worker(self):
-    from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
-    from ps_trainer import train_graph  # pylint: disable=g-import-not-at-top
+    from ps_trainer.datasets import data_sets  # pylint: disable=g-import-not-at-top
+    from ps_trainer.graph import train_graph  # pylint: disable=g-import-not-at-top
     first_batches = []
     with testing.local_cluster(num_ps=1, num_workers=2) as cluster:
       for worker in (0, 1):
@@ -140,9 +140,9 @@ class UpdateOpsTest(absltest.TestCase):
 class EvaluatorTest(absltest.TestCase):
 
   def test_the_evaluator_scores_a_users_checkpoint_with_its_metrics(self):
-    from ps_trainer import data_sets  # pylint: disable=g-import-not-at-top
-    from ps_trainer import evaluator  # pylint: disable=g-import-not-at-top
-    from ps_trainer import stops  # pylint: disable=g-import-not-at-top
+    from ps_trainer.datasets import data_sets  # pylint: disable=g-import-not-at-top
+    from ps_trainer.training import evaluator  # pylint: disable=g-import-not-at-top
+    from ps_trainer.faults import stops  # pylint: disable=g-import-not-at-top
     log_dir = tempfile.mkdtemp()
     result = testing.train_in_process(small_models.keras_model_fn, small_models.input_fn,
                                       num_ps=0, train_steps=200, log_dir=log_dir,

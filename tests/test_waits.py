@@ -9,8 +9,8 @@ from unittest import mock
 
 from absl.testing import absltest
 
-from ps_trainer import stops
-from ps_trainer import waits
+from ps_trainer.cluster import waits
+from ps_trainer.faults import stops
 import testutil
 
 

@@ -10,12 +10,12 @@ from absl.testing import parameterized
 import numpy as np
 import tensorflow as tf
 
-from ps_trainer import cluster
 from ps_trainer import models
-from ps_trainer import optimizers
-from ps_trainer import packing
-from ps_trainer import placement
-from ps_trainer import sync_replicas
+from ps_trainer.graph import optimizers
+from ps_trainer.graph import packing
+from ps_trainer.graph import placement
+from ps_trainer.graph import sync_replicas
+from ps_trainer.settings import cluster
 
 tf.compat.v1.disable_eager_execution()
 

@@ -42,7 +42,7 @@ class ManualClock:
 
 def pick_free_ports(n: int) -> List[int]:
   """Returns n distinct ports that are free right now (host_ports.free_ports)."""
-  from ps_trainer import host_ports  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import host_ports  # pylint: disable=g-import-not-at-top
   return host_ports.free_ports(n)
 
 
@@ -303,7 +303,7 @@ def read_result_json(log_dir: str) -> dict:
 def flag_values(*argv) -> dict:
   """Command-line flags parsed through the real flag definitions, as a dict."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from ps_trainer import flags as flags_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import flags as flags_lib  # pylint: disable=g-import-not-at-top
   values = flags.FlagValues()
   flags_lib.define_flags(values)
   values(["ps_trainer", *argv])
@@ -312,14 +312,14 @@ def flag_values(*argv) -> dict:
 
 def make_config(*argv, tf_config: str = ""):
   """A ps_trainer Config from command-line flags, through the real flag definitions."""
-  from ps_trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.from_flag_values(flag_values(*argv), tf_config)
 
 
 def planned_config(*argv, num_ps: int, num_workers: int, worker: int = 0):
   """The Config of worker `worker` in a cluster of this size whose hosts need not exist
   (config.planned_worker): for tests of the graph a worker builds, with no servers."""
-  from ps_trainer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from ps_trainer.settings import config as config_lib  # pylint: disable=g-import-not-at-top
   return config_lib.from_flag_values(
       config_lib.planned_worker(flag_values(*argv), num_ps, num_workers, worker), "")
 

@@ -1,4 +1,4 @@
-"""TF_CONFIG strings for the tests of ps_trainer.cluster, copied from what Kubeflow's TFJob
+"""TF_CONFIG strings for the tests of ps_trainer.settings.cluster, copied from what Kubeflow's TFJob
 operator writes (lower-case task types, "environment": "cloud", and its "sparseCluster" form),
 and tf_config() for the rest."""
 

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ps_trainer import record_checks
+from ps_trainer.datasets import record_checks
 
 DENSE_DIM = 3
 

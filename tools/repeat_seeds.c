@@ -1,5 +1,5 @@
 /* Makes TensorFlow's chance repeats of request ids frequent, to test what they do
- * (README, Limits, and docs/faults.md; ps_trainer/repeats.py). A library to preload into the tasks:
+ * (README, Limits, and docs/faults.md; ps_trainer/cluster/repeats.py). A library to preload into the tasks:
  *
  *   gcc -O2 -shared -fPIC -o /tmp/repeat_seeds.so tools/repeat_seeds.c
  *   REPEAT_SEED_EVERY=1000 LD_PRELOAD=/tmp/repeat_seeds.so ./launch.sh local --sync_replicas

@@ -38,15 +38,15 @@ from typing import Optional, Tuple  # pylint: disable=g-import-not-at-top
 from absl import app  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from ps_trainer import cluster as cluster_lib
-from ps_trainer import hooks
-from ps_trainer import host_cores
 from ps_trainer import models
-from ps_trainer import packing
-from ps_trainer import placement
-from ps_trainer import server as server_lib
-from ps_trainer import synthetic
+from ps_trainer.cluster import host_cores
+from ps_trainer.cluster import server as server_lib
+from ps_trainer.datasets import synthetic
 from ps_trainer.experiments import yardstick_result
+from ps_trainer.graph import packing
+from ps_trainer.graph import placement
+from ps_trainer.settings import cluster as cluster_lib
+from ps_trainer.training import hooks
 
 
 def build_step(info: Optional[cluster_lib.ClusterInfo], hidden_units,

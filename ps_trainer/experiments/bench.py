@@ -30,12 +30,12 @@ from typing import Dict, List, Optional
 from absl import app
 from absl import flags
 
-from ps_trainer import flags as trainer_flags
-from ps_trainer import output_dir
+from ps_trainer.console import output_dir
 from ps_trainer.experiments import bench_table
 from ps_trainer.experiments import machine
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args
+from ps_trainer.settings import flags as trainer_flags
 
 REFERENCE_WORK = {
     "model": "mlp", "hidden_units": "256,256", "dataset": "synthetic",

@@ -19,7 +19,7 @@ from typing import Dict, List
 from absl import app
 from absl import flags
 
-from ps_trainer import output_dir
+from ps_trainer.console import output_dir
 from ps_trainer.experiments import report
 from ps_trainer.experiments import runs
 from ps_trainer.experiments import trainer_args

@@ -32,9 +32,9 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import tensorflow as tf
 
-from ps_trainer import hooks as hooks_lib
-from ps_trainer import synthetic
+from ps_trainer.datasets import synthetic
 from ps_trainer.experiments import yardstick_result
+from ps_trainer.training import hooks as hooks_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("ps_hosts", "", "Comma-separated host:port of the PS tasks.")

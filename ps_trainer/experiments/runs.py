@@ -14,9 +14,9 @@ import sys
 import time
 from typing import List, Optional
 
-from ps_trainer import host_ports
-from ps_trainer import run_result
-from ps_trainer import stops
+from ps_trainer.faults import stops
+from ps_trainer.settings import host_ports
+from ps_trainer.training import run_result
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))

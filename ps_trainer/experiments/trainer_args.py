@@ -6,11 +6,11 @@ from typing import Dict, List, Set
 
 from absl import flags
 
-from ps_trainer import config as config_lib
-from ps_trainer import data_sets
-from ps_trainer import errors
-from ps_trainer import flags as trainer_flags
-from ps_trainer import help_flags
+from ps_trainer.console import errors
+from ps_trainer.console import help_flags
+from ps_trainer.datasets import data_sets
+from ps_trainer.settings import config as config_lib
+from ps_trainer.settings import flags as trainer_flags
 
 
 class ArgsError(ValueError):

@@ -6,7 +6,7 @@ beside the trainer's."""
 import json
 import os
 
-from ps_trainer import hooks
+from ps_trainer.training import hooks
 
 
 def write(log_dir: str, program: str, throughput: hooks.Throughput,

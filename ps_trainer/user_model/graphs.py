@@ -13,7 +13,7 @@ from typing import Callable, Dict, Optional
 
 import tensorflow as tf
 
-from ps_trainer import data
+from ps_trainer.datasets import data
 from ps_trainer.user_model import loading
 from ps_trainer.user_model import spec as spec_lib
 from ps_trainer.user_model.spec import ModeKeys
