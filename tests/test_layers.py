@@ -26,13 +26,9 @@ LAYERS = (
     "training",    # the session loop, hooks, evaluator, export, checkpoints
 )
 _TOP = ("", "experiments")
-# What the lowest layers must never see, whatever their order says.
-_NEVER = {
-    "datasets": ("cluster", "graph", "models", "user_model"),
-    "user_model": ("cluster", "graph", "settings"),
-    "models": ("cluster", "graph", "settings"),
-    "cluster": ("datasets", "models", "user_model", "graph"),
-}
+# Below the cluster in LAYERS, and still never imported by it: the cluster
+# never sees a model or its data (which, lower, never see the cluster).
+_CLUSTER_NEVER = ("datasets", "user_model", "models")
 
 
 def _layer_of(path: str) -> str:
@@ -81,18 +77,17 @@ class LayersTest(absltest.TestCase):
         continue
       with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
+      where = f"{os.path.relpath(path, testutil.REPO_ROOT)}:"
       for line, imported in _imported_layers(tree):
-        if imported not in LAYERS or imported == layer:
-          # A top-level module imported from below (e.g. main) would be a
-          # layer's own business, but none is: say so if it happens.
-          if imported not in LAYERS and imported != layer:
-            problems.append(f"{os.path.relpath(path, testutil.REPO_ROOT)}:{line} imports "
-                            f"the top-level ps_trainer.{imported}")
+        if imported == layer:
           continue
-        if (LAYERS.index(imported) > LAYERS.index(layer)
-            or imported in _NEVER.get(layer, ())):
-          problems.append(f"{os.path.relpath(path, testutil.REPO_ROOT)}:{line}: {layer} "
-                          f"imports {imported}, a layer it must not import")
+        if imported not in LAYERS:  # A program, from below the top.
+          problems.append(f"{where}{line}: {layer} imports the top-level "
+                          f"ps_trainer.{imported}")
+        elif (LAYERS.index(imported) > LAYERS.index(layer)
+              or (layer == "cluster" and imported in _CLUSTER_NEVER)):
+          problems.append(f"{where}{line}: {layer} imports {imported}, a layer "
+                          "it must not import")
     self.assertEqual(problems, [], "\n".join(problems))
 
 

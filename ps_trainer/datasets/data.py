@@ -7,9 +7,10 @@ tf.data pipelines (models/inputs.py makes them an input_fn), and
 `iterator_input` reads one.
 
 In-memory arrays enter the graph through placeholders fed once, when the
-iterator's initializer runs (`feeds` names them), never as graph constants (they can be hundreds of
-MB, and constants would be copied into every GraphDef sent to the cluster) and
-never through feed_dict on every step (slow with many replicas).
+iterator's initializer runs (`feeds` names them), never as graph constants
+(they can be hundreds of MB, and constants would be copied into every
+GraphDef sent to the cluster) and never through feed_dict on every step
+(slow with many replicas).
 
 Data sets:
   digits     real 8x8 hand-written digits bundled in assets/digits.npz

@@ -26,8 +26,8 @@ from ps_trainer.datasets.readers import DataError
 
 __all__ = ["DIGITS_PATH", "DataError", "DataSet", "read"]
 
-DIGITS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "assets", "digits.npz")
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS_PATH = os.path.join(_PACKAGE_DIR, "assets", "digits.npz")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq on arrays is ambiguous

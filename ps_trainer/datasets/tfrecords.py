@@ -57,7 +57,8 @@ def _parse(serialized, dense_dim):
   is_binary = tf.reduce_all(tf.logical_or(tf.equal(labels, 0),
                                           tf.equal(labels, 1)))
   ids_whole = tf.reduce_all(tf.greater_equal(ids.values, 0))
-  names_it = "ps_trainer.datasets.record_checks.find_bad_record(files) names the record"
+  names_it = ("ps_trainer.datasets.record_checks.find_bad_record(files) names "
+              "the record")
   with tf.control_dependencies([
       tf.debugging.Assert(is_binary, [
           f"--dataset=tfrecord: a label is not 0 or 1; {names_it}"]),

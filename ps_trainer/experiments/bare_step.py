@@ -3,8 +3,8 @@
 What TensorFlow's distributed runtime alone lets 1 PS + 1 worker reach on this
 machine, for the bench to set the trainer's speed against. It builds the step
 from the trainer's own parts, on the trainer's cluster settings (cores, threads,
-device filters, placement): the MLP of models/networks.py, the packed reads and packed,
-factored gradients of packing.py, plain SGD on the PS. It leaves out everything
+device filters, placement): the MLP of models/networks.py, the packed reads
+and packed, factored gradients of packing.py, plain SGD on the PS. It leaves out everything
 a real run needs around that step: the input pipeline (one constant batch, drawn
 once), MonitoredSession and its hooks, the NaN check, the run signature and
 done flags, checkpoints. So its step is a floor for the trainer's: what the

@@ -67,7 +67,7 @@ def model_of(cfg: config_lib.Config, dataset: data.DataSet,
     user = dataclasses.replace(
         user, input_fn=models.input_fn(dataset, cfg.data.batch_size,
                                        cfg.train.seed),
-        input_name=f"--dataset={dataset.name}")
+        input_flag=f"--dataset={dataset.name}")
   return user
 
 
@@ -115,15 +115,9 @@ def build(cfg: config_lib.Config, dataset: data.DataSet,
     packing.reroute_reads(trainable, reads)
   trained = graphs.model_variables(tf.compat.v1.get_default_graph())
   evaluation = graphs.Evaluation(
-      user, lambda: held_out_input(cfg, dataset), partitioning)
+      user, lambda: graphs.eval_input(user), partitioning)
   return ModelParts(
       train_input=train_input, loss=loss,
       evaluate=evaluation.scorer(trained),
       trainable=trainable, reads=reads, optimizer=spec.optimizer,
       training_hooks=tuple(spec.training_hooks), examples=examples)
-
-
-def held_out_input(cfg: config_lib.Config, dataset: data.DataSet) -> data.Input:
-  """The held-out split a model is scored on: the input_fn in EVAL mode
-  (--dataset's: its test split)."""
-  return graphs.eval_input(model_of(cfg, dataset))

@@ -16,5 +16,5 @@ from ps_trainer.models.networks import ModelError
 from ps_trainer.models.networks import MODELS
 from ps_trainer.models.networks import SCOPE
 
-__all__ = ["MODELS", "ModelError", "SCOPE", "build_logits", "built_in", "input_fn",
-           "loss_and_accuracy", "params_for"]
+__all__ = ["MODELS", "ModelError", "SCOPE", "build_logits", "built_in",
+           "input_fn", "loss_and_accuracy", "params_for"]

@@ -47,9 +47,7 @@ def built_in(model: str, params: dict) -> loading.UserModel:
   Raises:
     ModelError: no built-in model is named so.
   """
-  if model not in _MODEL_FNS:
-    raise networks.ModelError(f"--model={model!r} is unknown; accepted: "
-                              f"{', '.join(networks.MODELS)}")
+  networks.check_known(model)
   return loading.UserModel(model_fn=_MODEL_FNS[model], input_fn=None,
                            params=json.dumps(params, sort_keys=True),
                            model_name=model)

@@ -48,6 +48,7 @@ def build_logits(model: str, features, input_shape: tuple,
   Raises:
     ModelError: unknown model, or a model that cannot read this data.
   """
+  check_known(model)
   with tf.compat.v1.variable_scope(SCOPE, reuse=tf.compat.v1.AUTO_REUSE):
     if model == "linear":
       return _dense(_flatten(features, input_shape), num_classes, "logits")
@@ -58,14 +59,19 @@ def build_logits(model: str, features, input_shape: tuple,
       return _dense(net, num_classes, "logits")
     if model == "cnn":
       return _cnn(features, input_shape, num_classes)
-    if model == "wide_deep":
-      if not isinstance(features, dict) or num_classes != 2:
-        raise ModelError("--model=wide_deep predicts clicks from sparse ids: "
-                         "it needs --dataset=tfrecord")
-      return _wide_deep(features, vocab_size, embedding_dim, hidden_units,
-                        partitioner)
-  raise ModelError(f"--model={model!r} is unknown; accepted: "
-                   f"{', '.join(MODELS)}")
+    # wide_deep, the last of MODELS.
+    if not isinstance(features, dict) or num_classes != 2:
+      raise ModelError("--model=wide_deep predicts clicks from sparse ids: "
+                       "it needs --dataset=tfrecord")
+    return _wide_deep(features, vocab_size, embedding_dim, hidden_units,
+                      partitioner)
+
+
+def check_known(model: str) -> None:
+  """Raises ModelError unless `model` names one of MODELS."""
+  if model not in MODELS:
+    raise ModelError(f"--model={model!r} is unknown; accepted: "
+                     f"{', '.join(MODELS)}")
 
 
 def _flatten(features: tf.Tensor, input_shape: tuple) -> tf.Tensor:

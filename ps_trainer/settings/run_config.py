@@ -59,7 +59,8 @@ def write(cfg: config_lib.Config) -> str:
 def git_commit() -> Optional[str]:
   """The commit of the checkout this package runs from, with "-dirty" when
   it has changes; None outside a git checkout (an installed package)."""
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(package_dir)
   try:
     # Installed in a virtual environment inside another project's checkout,
     # the package is in no checkout of its own: that project's commit is not

@@ -75,9 +75,8 @@ class _Evaluation:
   def __init__(self, cfg: config_lib.Config, dataset: data.DataSet):
     # The model_fn in EVAL mode, its tables whole: a restore assembles them
     # from the parts the checkpoint holds, however many PS the job had.
-    evaluation = graphs.Evaluation(
-        model_parts.model_of(cfg, dataset, whole_tables=True),
-        lambda: model_parts.held_out_input(cfg, dataset))
+    model = model_parts.model_of(cfg, dataset, whole_tables=True)
+    evaluation = graphs.Evaluation(model, lambda: graphs.eval_input(model))
     self.graph, self.global_step = evaluation.graph, evaluation.global_step
     self.evaluate, self.saver = evaluation.evaluate, evaluation.saver
     self.variables = (list(evaluation.variables.values())

@@ -24,7 +24,7 @@ variables and the global step it was trained to: no optimizer slots.
 
 import os
 import shutil
-from typing import Tuple
+from typing import Optional, Tuple
 
 import tensorflow as tf
 
@@ -88,15 +88,17 @@ def export_and_record(cfg: config_lib.Config, dataset: data.DataSet,
     ExportError: as export_saved_model.
   """
   log_dir = cfg.train.log_dir
-  path, kept = _export(cfg, dataset, log_dir)
+  path, signature = _export(cfg, dataset, log_dir)
   result = dict(result, export_dir=os.path.abspath(path))
   try:
     run_result.write(log_dir, result)
   except OSError as e:
     raise ExportError(f"exported {path}, but cannot rewrite result.json in "
                       f"--log_dir={log_dir} ({e.strerror})") from None
-  note = ", kept from an earlier export of this step" if kept else ""
-  print(f"export: {path} ({describe(cfg, dataset)}{note})", flush=True)
+  if signature is None:
+    signature = (f"{describe(cfg, dataset)}, kept from an earlier export of "
+                 "this step")
+  print(f"export: {path} ({signature})", flush=True)
   return result
 
 
@@ -109,7 +111,11 @@ def describe(cfg: config_lib.Config, dataset: data.DataSet) -> str:
   """
   with tf.Graph().as_default():
     tf.compat.v1.train.get_or_create_global_step()
-    inputs, outputs = _serving(cfg, dataset)
+    return _described(*_serving(cfg, dataset))
+
+
+def _described(inputs: dict, outputs: dict) -> str:
+  """The signature of serving `inputs` and `outputs`, as describe says it."""
   described = ", ".join(
       f"{name} {tensor.dtype.name} "
       f"[{', '.join(str(d) for d in tensor.shape.as_list())}]"
@@ -135,8 +141,9 @@ def _serving(cfg, dataset) -> tuple:
   return inputs, graphs.serving_outputs(user, features)
 
 
-def _export(cfg, dataset, log_dir) -> Tuple[str, bool]:
-  """Returns (the export's path, whether it was there already)."""
+def _export(cfg, dataset, log_dir) -> Tuple[str, Optional[str]]:
+  """Returns (the export's path, its signature as describe says it; None
+  when the export was there already)."""
   checkpoint = checkpoints.latest(log_dir)
   if checkpoint is None:
     raise ExportError(f"no checkpoint in --log_dir={log_dir} to export")
@@ -149,15 +156,15 @@ def _export(cfg, dataset, log_dir) -> Tuple[str, bool]:
     # restarted chief finishing the same step exported these weights before.
     # Keep it: TF Serving may be serving it, and swapping a directory under
     # a server cannot be done atomically.
-    return path, True
+    return path, None
   partial = os.path.join(base, f"{_PARTIAL}{step}-{os.getpid()}")
   try:
-    _write(cfg, dataset, checkpoint, partial)
+    signature = _write(cfg, dataset, checkpoint, partial)
     os.rename(partial, path)  # Atomic: TF Serving never sees half a model.
   except (OSError, tf.errors.OpError, _NotThisModel) as e:
     shutil.rmtree(partial, ignore_errors=True)
     raise ExportError(_failure(e, checkpoint, path)) from None
-  return path, False
+  return path, signature
 
 
 def _global_step(checkpoint: str) -> int:
@@ -183,8 +190,9 @@ def _remove_partial_exports(base: str) -> None:
       shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
-def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
-  """Builds the serving graph, restores `checkpoint`, writes the SavedModel."""
+def _write(cfg, dataset, checkpoint: str, export_dir: str) -> str:
+  """Builds the serving graph, restores `checkpoint`, writes the SavedModel;
+  returns its signature as describe says it."""
   graph = tf.Graph()
   with graph.as_default():
     # As Estimator gave every graph one: a model_fn may read it in any mode.
@@ -209,6 +217,7 @@ def _write(cfg, dataset, checkpoint: str, export_dir: str) -> None:
           signature_def_map={SIGNATURE_KEY: signature},
           strip_default_attrs=True)
       builder.save()
+  return _described(inputs, outputs)
 
 
 def _failure(e: Exception, checkpoint: str, path: str) -> str:

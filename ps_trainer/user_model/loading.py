@@ -30,24 +30,17 @@ class UserModel:
       (features, labels); None: --dataset supplies the input.
     params: the --params JSON as a string (each call gets a fresh dict).
     model_name: names the model_fn in messages and in result.json.
-    input_name: names the input_fn, or its flag ("--dataset=digits"), or "".
+    input_flag: the flag that names the input in messages
+      ("--input_fn=my.py:input_fn", "--dataset=digits"), or "".
   """
   model_fn: Callable
   input_fn: Optional[Callable]
   params: str = "{}"
   model_name: str = "model_fn"
-  input_name: str = ""
+  input_flag: str = ""
 
   def params_dict(self) -> dict:
     return json.loads(self.params)
-
-  @property
-  def input_flag(self) -> str:
-    """The flag that names the input in messages: --input_fn=..., or the
-    flag itself when input_name is one (--dataset=digits)."""
-    if self.input_name.startswith("--"):
-      return self.input_name
-    return f"--input_fn={self.input_name}"
 
 
 def name_of(function: Optional[Callable]) -> str:
@@ -224,4 +217,4 @@ def from_functions(model_fn: Callable, input_fn: Optional[Callable],
   quiet_layer_deprecations()
   return UserModel(model_fn=model_fn, input_fn=input_fn,
                    params=parse_params(params), model_name=model_name,
-                   input_name=input_name)
+                   input_flag=f"--input_fn={input_name}" if input_name else "")
